@@ -1,0 +1,166 @@
+"""Step 1: supervised fine-tuning of a causal language model on prompt + chosen answer.
+
+The loss counts answer tokens only (prompt and padding are labelled -100). Perplexity on the eval split is
+measured before training and after every epoch. The result is a Hugging Face folder in --output_dir.
+"""
+import json
+import math
+import time
+
+import torch
+
+from utils.args import (ArgumentParser, add_data_args, add_deepspeed_args, add_logging_args, add_lora_args,
+                        add_model_args, add_training_args, check_common_args)
+from utils.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
+from utils.ds_utils import get_train_ds_config, merge_user_ds_config, resolve_dtype
+from utils.engine import count_training_steps, init_train_engine, prepare_trainable
+from utils.errors import ConfigError, cli_entry
+from utils.model_utils import count_parameters, create_hf_model, load_tokenizer, resolve_model_path
+from utils.monitor import Monitor, Throughput, format_scalars
+from utils.save import save_hf_model
+from utils.utils import (all_reduce_mean, assert_finite, init_distributed, print_rank_0, quiet_transformers,
+                         set_random_seed, to_device)
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_args(parser)
+    add_model_args(parser)
+    add_training_args(parser)
+    add_deepspeed_args(parser)
+    add_lora_args(parser)
+    add_logging_args(parser)
+    args = parser.parse_args(argv)
+    check_common_args(args)
+    if not args.output_dir:
+        raise ConfigError("--output_dir is required")
+    return args
+
+
+def evaluate_perplexity(engine, eval_loader, device):
+    """exp of the mean loss per answer token over the whole eval split (all ranks)."""
+    engine.eval()
+    loss_sum = torch.zeros((), device=device)
+    token_count = torch.zeros((), device=device)
+    with torch.no_grad():
+        for batch in eval_loader:
+            batch = to_device(batch, device)
+            tokens = (batch["labels"][:, 1:] != -100).sum()
+            loss_sum += engine(**batch, use_cache=False).loss.float() * tokens
+            token_count += tokens
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(loss_sum)
+        torch.distributed.all_reduce(token_count)
+    engine.train()
+    mean_loss = (loss_sum / token_count.clamp(min=1)).item()
+    return math.exp(min(mean_loss, 50.0)), mean_loss
+
+
+@cli_entry
+def main(argv=None):
+    args = parse_args(argv)
+    start_time = time.time()
+    rank, world_size, _, device = init_distributed()
+    args.dtype = resolve_dtype(args.dtype)
+    set_random_seed(args.seed)
+    quiet_transformers()
+
+    # Data
+    model_path = resolve_model_path(args.model_name_or_path)
+    tokenizer = load_tokenizer(model_path, args.trust_remote_code)
+    train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
+                                                        1, args.seed, tokenizer, args.max_seq_len)
+    collator = DataCollatorSFT(tokenizer.pad_token_id)
+    train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
+    eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
+
+    # Model and engine
+    ds_config = get_train_ds_config(micro_batch_size=args.per_device_train_batch_size,
+                                    gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                    world_size=world_size, dtype=args.dtype, stage=args.zero_stage,
+                                    offload=args.offload)
+    ds_config = merge_user_ds_config(ds_config, args.deepspeed_config)
+    model = create_hf_model(_causal_lm_class(), model_path, tokenizer, ds_config, args.dropout,
+                            args.trust_remote_code)
+    prepare_trainable(model, lora_dim=args.lora_dim, lora_module_name=args.lora_module_name,
+                      only_optimize_lora=args.only_optimize_lora, gradient_checkpointing=args.gradient_checkpointing)
+    total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
+                                       args.max_steps)
+    engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.learning_rate,
+                               weight_decay=args.weight_decay, lora_learning_rate=args.lora_learning_rate,
+                               offload=args.offload, lr_scheduler_type=args.lr_scheduler_type,
+                               num_warmup_steps=args.num_warmup_steps, num_training_steps=total_steps)
+    print_rank_0(f"model {args.model_name_or_path}: {count_parameters(model) / 1e6:.2f}M parameters, "
+                 f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
+                 f"{len(eval_dataset)} eval samples; {total_steps} optimizer steps")
+
+    # Loop
+    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step1_sft")
+    throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)
+    perplexity, eval_loss = evaluate_perplexity(engine, eval_loader, device)
+    metrics = {"perplexity_before": perplexity}
+    print_rank_0(f"eval before training: perplexity {perplexity:.4f} (loss {eval_loss:.4f})")
+    monitor.write(0, "eval", perplexity=perplexity, loss=eval_loss)
+    for epoch in range(args.num_train_epochs):
+        if hasattr(train_loader.sampler, "set_epoch"):
+            train_loader.sampler.set_epoch(epoch)
+        train_one_epoch(engine, train_loader, device, args, epoch, monitor, throughput, total_steps)
+        perplexity, eval_loss = evaluate_perplexity(engine, eval_loader, device)
+        print_rank_0(f"eval after epoch {epoch + 1}/{args.num_train_epochs}: perplexity {perplexity:.4f} "
+                     f"(loss {eval_loss:.4f})")
+        monitor.write(engine.global_steps, "eval", perplexity=perplexity, loss=eval_loss)
+        if engine.global_steps >= total_steps:
+            break
+    metrics.update(perplexity_after=perplexity, optimizer_steps=engine.global_steps,
+                   parameters=count_parameters(model), wall_time_s=time.time() - start_time)
+    monitor.close()
+
+    # Save
+    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
+    if rank == 0:
+        with open(f"{args.output_dir}/metrics.json", "w") as f:
+            json.dump(metrics, f, indent=2)
+    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+
+
+def train_one_epoch(engine, train_loader, device, args, epoch, monitor, throughput, total_steps):
+    from tqdm import tqdm
+
+    engine.train()
+    progress = tqdm(train_loader, desc=f"epoch {epoch + 1}", disable=not _show_progress(), mininterval=2.0)
+    for micro_step, batch in enumerate(progress):
+        batch = to_device(batch, device)
+        loss = engine(**batch, use_cache=False).loss
+        assert_finite(loss, "the training loss")
+        engine.backward(loss)
+        engine.step()
+        throughput.add(*batch["input_ids"].shape, int(batch["attention_mask"].sum()))
+        if (micro_step + 1) % args.gradient_accumulation_steps != 0:
+            continue
+        step = engine.global_steps
+        if step % args.print_interval == 0 or step == total_steps:
+            mean_loss = all_reduce_mean(loss.detach().float()).item()
+            lr = engine.lr_scheduler.get_last_lr()[0]
+            progress.set_postfix(loss=f"{mean_loss:.4f}")
+            print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(loss=mean_loss, lr=lr)}")
+            monitor.write(step, "train", loss=mean_loss, lr=lr, **throughput.report())
+        if step >= total_steps:
+            break
+
+
+def _causal_lm_class():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def _show_progress():
+    import sys
+
+    from utils.utils import is_rank_0
+
+    return is_rank_0() and sys.stderr.isatty()
+
+
+if __name__ == "__main__":
+    main()

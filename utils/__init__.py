@@ -1,0 +1,1 @@
+"""Shared machinery of the chatrlhf pipeline: data, models, LoRA, DeepSpeed set-up, saving, logging."""

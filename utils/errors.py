@@ -1,0 +1,33 @@
+"""User-facing errors: bad input ends in one clear line and a non-zero exit, never a traceback."""
+import functools
+import sys
+
+
+class ChatRLHFError(Exception):
+    """A problem with the user's input (a flag, a file, a model folder). Its message is one line naming it."""
+
+
+class DataError(ChatRLHFError, ValueError):
+    """A data set, data file, row or field that cannot be used."""
+
+
+class ConfigError(ChatRLHFError, ValueError):
+    """Flags that are missing, malformed or impossible together."""
+
+
+EXIT_USER_ERROR = 2
+
+
+def cli_entry(main):
+    """Wrap a script's `main` so that a `ChatRLHFError` prints `error: <message>` on one line and exits 2."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except ChatRLHFError as err:
+            message = " ".join(str(err).split())
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_USER_ERROR)
+
+    return wrapper
