@@ -16,6 +16,8 @@ setup(
         "datasets>=3.0",
         "tokenizers>=0.20",
         "safetensors>=0.4",
+        # transformers' HfDeepSpeedConfig (ZeRO-3 partitioned loading in create_hf_model) requires it.
+        "accelerate>=1.1.0",
         "tensorboard>=2.14",
         "numpy",
         "tqdm",

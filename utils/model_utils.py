@@ -1,4 +1,6 @@
 """Finding and loading models and tokenizers: the built-in names, local folders and hub names alike."""
+import functools
+import inspect
 import json
 import math
 from pathlib import Path
@@ -101,3 +103,23 @@ def _zero3_init_context(ds_config):
 def count_parameters(model):
     """Parameter count, counting ZeRO-3 partitioned parameters at their full size."""
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def position_ids_from_mask(attention_mask):
+    """Positions counted over real tokens only, cumsum(mask) - 1 clamped at 0, so a left-padded row starts at
+    position 0 like an unpadded one."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def model_forward_kwargs(model, attention_mask):
+    """The attention mask, and explicit position ids for models whose forward accepts them (Llama derives
+    positions from the cache, not from the mask, so left padding would shift them)."""
+    kwargs = {"attention_mask": attention_mask}
+    if _accepts_position_ids(type(model)):
+        kwargs["position_ids"] = position_ids_from_mask(attention_mask)
+    return kwargs
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts_position_ids(model_class):
+    return "position_ids" in inspect.signature(model_class.forward).parameters

@@ -1,7 +1,5 @@
 """What a run reports: TensorBoard scalars, console lines, and throughput as DeepSpeed-Chat's
 `print_throughput` computes it (Megatron's FLOP formula)."""
-import time
-
 from utils.utils import is_rank_0, print_rank_0
 
 
@@ -62,9 +60,11 @@ class Throughput:
         self._reset()
 
     def _reset(self):
-        self.start, self.steps, self.samples, self.tokens, self.flops = time.perf_counter(), 0, 0, 0, 0.0
+        self.seconds, self.steps, self.samples, self.tokens, self.flops = 0.0, 0, 0, 0, 0.0
 
-    def add(self, batch_size, seq_length, real_tokens):
+    def add(self, seconds, batch_size, seq_length, real_tokens):
+        """One micro-step of `seconds` (forward, backward, optimizer) over a padded batch_size x seq_length."""
+        self.seconds += seconds
         self.steps += 1
         self.samples += batch_size
         self.tokens += real_tokens
@@ -74,7 +74,7 @@ class Throughput:
     def report(self):
         if self.steps == 0:
             return {}
-        elapsed = time.perf_counter() - self.start
+        elapsed = max(self.seconds, 1e-9)
         figures = {"samples_per_s": self.samples * self.world_size / elapsed,
                    "tokens_per_s": self.tokens * self.world_size / elapsed,
                    "tflops": self.flops / elapsed / 1e12,

@@ -20,18 +20,20 @@ MODEL_FILE_PATTERNS = ("config.json", "generation_config.json", "*.safetensors",
 def gather_state_dict(module, zero_stage):
     """The full state dict of `module` on rank 0 (None on other ranks), tensors on the CPU.
 
-    Under ZeRO-3 each parameter is gathered in turn, so no rank ever holds two whole copies of the model.
+    Built from `named_parameters` (tied weights once, as a plain `save_pretrained` writes them) and the persistent
+    buffers, the same way at every stage. Under ZeRO-3 each parameter is gathered in turn, so no rank ever holds
+    two whole copies of the model.
     """
-    if zero_stage != 3:
-        if not is_rank_0():
-            return None
-        return {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
+    import contextlib
+
     import deepspeed
 
     persistent = set(module.state_dict().keys())
     state_dict = {}
     for name, param in module.named_parameters():
-        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+        gathered = (deepspeed.zero.GatheredParameters([param], modifier_rank=None) if zero_stage == 3
+                    else contextlib.nullcontext())
+        with gathered:
             if is_rank_0():
                 state_dict[name] = param.detach().cpu().clone()
     if not is_rank_0():

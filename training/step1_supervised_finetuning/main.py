@@ -130,11 +130,13 @@ def train_one_epoch(engine, train_loader, device, args, epoch, monitor, throughp
     progress = tqdm(train_loader, desc=f"epoch {epoch + 1}", disable=not _show_progress(), mininterval=2.0)
     for micro_step, batch in enumerate(progress):
         batch = to_device(batch, device)
+        step_start = time.perf_counter()
         loss = engine(**batch, use_cache=False).loss
         assert_finite(loss, "the training loss")
         engine.backward(loss)
         engine.step()
-        throughput.add(*batch["input_ids"].shape, int(batch["attention_mask"].sum()))
+        throughput.add(time.perf_counter() - step_start, *batch["input_ids"].shape,
+                       int(batch["attention_mask"].sum()))
         if (micro_step + 1) % args.gradient_accumulation_steps != 0:
             continue
         step = engine.global_steps

@@ -1,0 +1,183 @@
+"""Generating answers with a causal language model: loading it, formatting a conversation, batched sampling.
+
+One piece of code serves the chat CLI, the step-1 prompt evaluation and the step-3 comparison. Prompts are
+tokenized as training tokenizes them (`utils.data_utils.tokenize_prompt`: the tokenizer's own special tokens
+added), LEFT-padded with an attention mask so that every prompt of a batch ends at the same column and the
+new tokens of all of them start together; Hugging Face `generate` derives the positions from the mask.
+"""
+import torch
+
+from utils.errors import ChatRLHFError, ConfigError
+from utils.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
+from utils.task import format_prompt as format_task_prompt
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+NEUTRAL_DECODING = dict(num_beams=1, temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0,
+                        eta_cutoff=0.0, repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0,
+                        min_new_tokens=0)
+"""Every logits processor off. `generate` fills the settings we leave unset from the model's own
+generation_config.json (often top_k=50, a repetition penalty...), so we set them all."""
+
+
+def load_causal_lm(path_or_name, dtype="fp32", trust_remote_code=False):
+    """(model, tokenizer) of a saved step-1/step-3 actor, a base model folder, or a built-in name, in eval mode.
+
+    The tokenizer pads on the left. A step-2 reward model folder is refused: it has no language-model head.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in TORCH_DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+    path = resolve_model_path(path_or_name)
+    if is_reward_model_folder(path):
+        raise ConfigError(f"{path_or_name} is a reward model (step 2 output), not a causal language model; "
+                          "pass a step-1 or step-3 actor folder or a base model")
+    tokenizer = load_tokenizer(path, trust_remote_code, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES[dtype],
+                                                 trust_remote_code=trust_remote_code)
+    model.eval()
+    return model, tokenizer
+
+
+def format_prompt(tokenizer, turns):
+    """The prompt text of a conversation. `turns` is a list of (user, assistant) pairs, the last with
+    assistant None (the turn to answer).
+
+    With a chat template the tokenizer's own format is used, ending with the generation prompt. Without one,
+    DeepSpeed-Chat's: `" Human: q1 Assistant: a1 Human: q2 Assistant:"`; a single turn is exactly the built-in
+    task's prompt (`utils.task.format_prompt`), i.e. what step 1 trained on.
+    """
+    if not turns or turns[-1][1] is not None:
+        raise ValueError("the last turn must be the user's, with assistant None")
+    if any(assistant is None for _, assistant in turns[:-1]):
+        raise ValueError("only the last turn may be without an assistant answer")
+    if getattr(tokenizer, "chat_template", None):
+        messages = []
+        for user, assistant in turns:
+            messages.append({"role": "user", "content": user})
+            if assistant is not None:
+                messages.append({"role": "assistant", "content": assistant})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    parts = []
+    for user, assistant in turns:
+        parts.append(format_task_prompt(user))
+        if assistant is not None:
+            parts.append(" " + assistant)
+    return "".join(parts)
+
+
+def context_length(model):
+    """The number of positions the model can attend over (None if its config does not say)."""
+    for key in CONTEXT_KEYS:
+        value = getattr(model.config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def max_prompt_tokens(model, max_new_tokens):
+    """The longest prompt, in tokens, that leaves room for `max_new_tokens` in the model's context (None:
+    unbounded)."""
+    context = context_length(model)
+    if context is None:
+        return None
+    if max_new_tokens >= context:
+        raise ConfigError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context "
+                          f"of {context} positions")
+    return context - max_new_tokens
+
+
+def tokenize_prompts(tokenizer, prompts):
+    """Token ids of each prompt, as training tokenizes them (special tokens added), but without a second BOS
+    when the text already starts with one (a chat template that writes it)."""
+    bos = tokenizer.bos_token
+    return [tokenizer(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))["input_ids"]
+            for prompt in prompts]
+
+
+def check_prompts(model, tokenizer, prompts, max_new_tokens):
+    """Token ids of each prompt; ChatRLHFError naming the first empty prompt or one too long for the context."""
+    limit = max_prompt_tokens(model, max_new_tokens)
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ChatRLHFError(f"prompt {index} is empty")
+    token_ids = tokenize_prompts(tokenizer, prompts)
+    for index, ids in enumerate(token_ids):
+        if limit is not None and len(ids) > limit:
+            raise ChatRLHFError(f"prompt {index} is too long: {len(ids)} tokens, but the model's context of "
+                                f"{context_length(model)} positions leaves {limit} for the prompt with "
+                                f"max_new_tokens {max_new_tokens}")
+    return token_ids
+
+
+def eos_token_ids(model, tokenizer):
+    """Every token that ends an answer: the tokenizer's EOS and the model's generation-config EOS id(s) (chat
+    models often end a turn with their own token, e.g. Llama 3's <|eot_id|>)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    return sorted(i for i in ids if i is not None)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_p=1.0, greedy=False,
+             batch_size=16, seed=None):
+    """The answer to each prompt: only the new text, decoded without special tokens, cut at the first EOS.
+
+    Sampling uses `temperature` and nucleus `top_p` only (no top-k, no repetition penalty, whatever the
+    model's generation config says); `greedy` takes the arg-max instead. Prompts are sorted by length and
+    batched `batch_size` at a time (less padding), and the answers returned in the prompts' order. With a
+    `seed` the sampled answers are reproducible for the same prompts and batch size, and the global torch
+    random state is left as it was.
+    """
+    from transformers import GenerationConfig
+
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+    if not greedy and not temperature > 0:
+        raise ConfigError(f"temperature must be > 0 for sampling, got {temperature} (use greedy decoding)")
+    if not greedy and not 0 < top_p <= 1:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+    token_ids = check_prompts(model, tokenizer, prompts, max_new_tokens)
+    eos_ids = eos_token_ids(model, tokenizer)
+    sampling = {} if greedy else dict(temperature=temperature, top_p=top_p)
+    config = GenerationConfig(**{**NEUTRAL_DECODING, **sampling}, max_new_tokens=max_new_tokens,
+                              do_sample=not greedy, eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(token_ids[i]))
+    answers = [None] * len(prompts)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if seed is not None:
+            torch.manual_seed(seed)
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            input_ids, attention_mask = _left_pad([token_ids[i] for i in batch], tokenizer.pad_token_id)
+            output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                    generation_config=config)
+            for i, new_tokens in zip(batch, output[:, input_ids.shape[1]:].tolist()):
+                answers[i] = tokenizer.decode(_cut_at_eos(new_tokens, eos_ids), skip_special_tokens=True)
+    return answers
+
+
+def _left_pad(sequences, pad_id):
+    """(input_ids, attention_mask) with every sequence right-aligned: pads (mask 0) on the left."""
+    length = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        input_ids[row, length - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, length - len(ids):] = 1
+    return input_ids, attention_mask
+
+
+def _cut_at_eos(tokens, eos_ids):
+    for position, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[:position]
+    return tokens

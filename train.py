@@ -1,0 +1,139 @@
+"""Run the RLHF pipeline: step 1 (SFT), step 2 (reward model), step 3 (PPO), then a side-by-side evaluation.
+
+    python train.py                                   # all three steps on the built-in default, one process
+    python train.py --step 1 2 --deployment-type single_node --actor-model facebook/opt-1.3b
+
+Each step runs its `training_scripts/<deployment>/run.sh`, which calls the `deepspeed` launcher; its log goes to
+`<output-dir>/<step folder>/training.log`. Outputs follow DeepSpeed-Chat's layout:
+`actor-models/<name>`, `reward-models/<name>`, `step3-models/<name>/{actor,critic,actor_ema}`.
+"""
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from training.recipes import recipe_flags
+
+ROOT = Path(__file__).resolve().parent
+STEP_DIRS = {1: "step1_supervised_finetuning", 2: "step2_reward_model_finetuning", 3: "step3_rlhf_finetuning"}
+DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
+LOG_TAIL_LINES = 20
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--step", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3])
+    parser.add_argument("--deployment-type", choices=tuple(DEFAULT_ZERO_STAGE), default="single_gpu")
+    parser.add_argument("--actor-model", default="tiny", help="Base model of the actor: built-in name, hub name "
+                                                              "or folder.")
+    parser.add_argument("--reward-model", default="tiny", help="Base model of the reward model and critic.")
+    parser.add_argument("--actor-zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
+    parser.add_argument("--reward-zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
+    parser.add_argument("--output-dir", default="./output")
+    parser.add_argument("--hostfile", default=None, help="multi_node: the DeepSpeed hostfile.")
+    for step in (1, 2, 3):
+        parser.add_argument(f"--step{step}-args", default="",
+                            help=f"Extra flags for step {step}'s main.py (quoted), after the recipe's.")
+    parser.add_argument("--no-eval", action="store_true", help="Skip the side-by-side evaluation at the end.")
+    parser.add_argument("--dry-run", action="store_true", help="Print the launcher commands, run nothing.")
+    args = parser.parse_args(argv)
+    args.step = sorted(set(args.step))
+    stage = DEFAULT_ZERO_STAGE[args.deployment_type]
+    args.actor_zero_stage = stage if args.actor_zero_stage is None else args.actor_zero_stage
+    args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
+    return args
+
+
+def model_label(model):
+    """The folder name of a model's outputs: `facebook/opt-1.3b` -> `opt-1.3b`, `./my/model/` -> `model`."""
+    return Path(model.rstrip("/")).name or "model"
+
+
+def output_dirs(args):
+    out = Path(args.output_dir)
+    return {1: out / "actor-models" / model_label(args.actor_model),
+            2: out / "reward-models" / model_label(args.reward_model),
+            3: out / "step3-models" / model_label(args.actor_model)}
+
+
+def step_command(args, step, dirs):
+    """The `bash run.sh ...` command of one step."""
+    script = ROOT / "training" / STEP_DIRS[step] / "training_scripts" / args.deployment_type / "run.sh"
+    if step == 1:
+        positional = [dirs[1], args.actor_zero_stage, args.actor_model]
+        model = args.actor_model
+    elif step == 2:
+        positional = [dirs[2], args.reward_zero_stage, args.reward_model]
+        model = args.reward_model
+    else:
+        positional = [dirs[1], dirs[2], args.actor_zero_stage, args.reward_zero_stage, dirs[3]]
+        model = args.actor_model
+    extra = shlex.split(getattr(args, f"step{step}_args"))
+    return ["bash", str(script), *map(str, positional), *recipe_flags(model, step), *extra]
+
+
+def run_step(args, step, command, out_dir):
+    """Run one step with its output in `out_dir/training.log`; return True on success."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.hostfile:
+        env["HOSTFILE"] = args.hostfile
+    if args.dry_run:
+        env["DRY_RUN"] = "1"
+        print(subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout.strip())
+        return True
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / "training.log"
+    print(f"---- step {step}: {STEP_DIRS[step]} -> {out_dir} (log: {log_path})", flush=True)
+    start = time.time()
+    with open(log_path, "w") as log:
+        log.write(f"$ {shlex.join(command)}\n")
+        log.flush()
+        returncode = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    elapsed = time.time() - start
+    if returncode != 0:
+        print(f"step {step} FAILED after {elapsed:.0f} s (exit {returncode}); last lines of {log_path}:")
+        lines = log_path.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if line.startswith("error: ")]
+        print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]))
+        hint = errors[-1] if errors else "see the log above for the traceback"
+        print(f"hint: {hint}; re-run this step alone with --step {step}", flush=True)
+        return False
+    print(f"step {step} done in {elapsed:.1f} s", flush=True)
+    return True
+
+
+def evaluation_command(args, dirs):
+    """Compare the actor before and after the last trained step on the held-out prompts."""
+    if 3 in args.step:
+        baseline, finetune = dirs[1], dirs[3] / "actor"
+        reward = ["--reward_model", str(dirs[2])]
+    elif 1 in args.step:
+        baseline, finetune = args.actor_model, dirs[1]
+        reward = []
+    else:
+        return None
+    script = ROOT / "training" / STEP_DIRS[1] / "prompt_eval.py"
+    return [sys.executable, str(script), "--model_name_or_path_baseline", str(baseline),
+            "--model_name_or_path_finetune", str(finetune), *reward]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    dirs = output_dirs(args)
+    for step in args.step:
+        if not run_step(args, step, step_command(args, step, dirs), dirs[step]):
+            return 1
+    command = None if args.no_eval else evaluation_command(args, dirs)
+    if command and not args.dry_run:
+        print("---- evaluation: " + shlex.join(command), flush=True)
+        return subprocess.run(command).returncode
+    if command:
+        print(shlex.join(command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

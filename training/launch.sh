@@ -1,0 +1,45 @@
+# Sourced by every training_scripts/<deployment>/run.sh: one place for how a step is launched.
+#
+#   launch <deployment> <main.py> [main.py flags...]
+#
+# single_gpu  one process (one GPU; on a CPU-only machine, one CPU process)
+# single_node every GPU of this machine (NUM_GPUS to choose; on a CPU-only machine, 2 processes over gloo)
+# multi_node  the hosts of $HOSTFILE (default /job/hostfile), every GPU of each
+#
+# OMP_NUM_THREADS is set to cores / processes unless already set, so processes never fight over cores.
+# MASTER_PORT picks the rendezvous port (default 29500 + a little randomness, so two runs can share a machine).
+# DRY_RUN=1 prints the launcher command instead of running it.
+
+has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+launch() {
+    local deployment=$1; shift
+    local procs launcher_args
+    case "$deployment" in
+        single_gpu) procs=1; launcher_args=(--num_gpus 1) ;;
+        single_node)
+            if [ -n "${NUM_GPUS:-}" ]; then procs=$NUM_GPUS
+            elif has_cuda; then procs=$(nvidia-smi -L | wc -l)
+            else procs=2; fi
+            launcher_args=(--num_gpus "$procs") ;;
+        multi_node)
+            local hostfile=${HOSTFILE:-/job/hostfile}
+            if [ -z "${DRY_RUN:-}" ] && [ ! -f "$hostfile" ]; then
+                echo "error: multi_node needs a hostfile: $hostfile does not exist (set HOSTFILE)" >&2; return 2
+            fi
+            procs=${NUM_GPUS:-1}
+            launcher_args=(--hostfile "$hostfile") ;;
+        *) echo "error: unknown deployment type '$deployment' (single_gpu, single_node, multi_node)" >&2; return 2 ;;
+    esac
+    local cores; cores=$(nproc 2>/dev/null || echo 1)
+    local threads=$(( cores / procs )); [ "$threads" -ge 1 ] || threads=1
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
+    local port=${MASTER_PORT:-$(( 29500 + RANDOM % 1000 ))}
+    local cmd=(deepspeed "${launcher_args[@]}" --master_port "$port" "$@")
+    if [ -n "${DRY_RUN:-}" ]; then
+        echo "OMP_NUM_THREADS=$OMP_NUM_THREADS ${cmd[*]}"
+    else
+        echo "launching: OMP_NUM_THREADS=$OMP_NUM_THREADS ${cmd[*]}"
+        "${cmd[@]}"
+    fi
+}

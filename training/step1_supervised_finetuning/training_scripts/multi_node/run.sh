@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Step 1 (SFT), multi_node deployment.
+# Usage: run.sh [OUTPUT_DIR] [ZERO_STAGE] [MODEL] [more main.py flags...]
+set -euo pipefail
+STEP_DIR=$(cd "$(dirname "$0")/../.." && pwd)
+source "$STEP_DIR/../launch.sh"
+OUTPUT=${1:-./output/actor-models/tiny}
+ZERO_STAGE=${2:-2}
+MODEL=${3:-tiny}
+shift $(( $# < 3 ? $# : 3 ))
+[ -n "${DRY_RUN:-}" ] || mkdir -p "$OUTPUT"
+launch multi_node "$STEP_DIR/main.py" --model_name_or_path "$MODEL" --zero_stage "$ZERO_STAGE" --output_dir "$OUTPUT" "$@"

@@ -1,0 +1,164 @@
+"""Step 2: train a reward model on chosen/rejected pairs.
+
+A base transformer with a scalar value head scores each sequence at its last real token (EOS included); the loss
+is the Bradley-Terry pairwise loss -log sigmoid(r_chosen - r_rejected), averaged over pairs. Accuracy and the
+mean chosen/rejected scores on the eval split are measured before training, every --eval_interval steps and at
+the end. The result is a reward-model folder in --output_dir that step 3 and rw_eval.py load.
+"""
+import json
+import time
+
+import torch
+
+from utils.args import (ArgumentParser, add_data_args, add_deepspeed_args, add_logging_args, add_lora_args,
+                        add_model_args, add_training_args, check_common_args)
+from utils.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
+from utils.ds_utils import get_train_ds_config, merge_user_ds_config, resolve_dtype
+from utils.engine import count_training_steps, init_train_engine, prepare_trainable
+from utils.errors import ConfigError, cli_entry
+from utils.model_utils import count_parameters, load_tokenizer, resolve_model_path
+from utils.monitor import Monitor, Throughput, format_scalars
+from utils.reward_model import RewardModel
+from utils.save import save_hf_model
+from utils.utils import (all_reduce_mean, assert_finite, init_distributed, print_rank_0, quiet_transformers,
+                         set_random_seed, to_device)
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_args(parser)
+    model = add_model_args(parser)
+    model.add_argument("--num_padding_at_beginning", type=int, default=0,
+                       help="DeepSpeed-Chat's flag for OPT-style tokenizers, recorded in the saved config. The "
+                            "end score is found from the attention mask, so padding never moves it.")
+    add_training_args(parser, default_lr=3e-4)
+    add_deepspeed_args(parser)
+    add_lora_args(parser)
+    logging = add_logging_args(parser)
+    logging.add_argument("--eval_interval", type=int, default=0,
+                         help="Optimizer steps between evaluations (0: only before and after training).")
+    logging.add_argument("--eval_iters", type=int, default=0,
+                         help="Eval batches per evaluation (0: the whole eval split).")
+    args = parser.parse_args(argv)
+    check_common_args(args)
+    if not args.output_dir:
+        raise ConfigError("--output_dir is required")
+    return args
+
+
+def evaluate_reward(engine, eval_loader, device, eval_iters=0):
+    """Accuracy (chosen scored above rejected) and mean end scores over the eval split, all ranks together."""
+    engine.eval()
+    totals = torch.zeros(4, device=device)  # correct, chosen score sum, rejected score sum, pairs
+    with torch.no_grad():
+        for step, batch in enumerate(eval_loader):
+            if eval_iters and step >= eval_iters:
+                break
+            out = engine(**to_device(batch, device))
+            chosen, rejected = out["chosen_end_scores"].float(), out["rejected_end_scores"].float()
+            totals += torch.stack([(chosen > rejected).sum(), chosen.sum(), rejected.sum(),
+                                   torch.tensor(float(len(chosen)), device=device)])
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(totals)
+    engine.train()
+    correct, chosen_sum, rejected_sum, pairs = totals.tolist()
+    pairs = max(pairs, 1.0)
+    return {"accuracy": correct / pairs, "chosen_score": chosen_sum / pairs, "rejected_score": rejected_sum / pairs,
+            "score_diff": (chosen_sum - rejected_sum) / pairs}
+
+
+@cli_entry
+def main(argv=None):
+    args = parse_args(argv)
+    start_time = time.time()
+    rank, world_size, _, device = init_distributed()
+    args.dtype = resolve_dtype(args.dtype)
+    set_random_seed(args.seed)
+    quiet_transformers()
+
+    # Data
+    model_path = resolve_model_path(args.model_name_or_path)
+    tokenizer = load_tokenizer(model_path, args.trust_remote_code)
+    train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
+                                                        2, args.seed, tokenizer, args.max_seq_len)
+    collator = DataCollatorReward(tokenizer.pad_token_id)
+    train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
+    eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
+
+    # Model and engine
+    ds_config = get_train_ds_config(micro_batch_size=args.per_device_train_batch_size,
+                                    gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                    world_size=world_size, dtype=args.dtype, stage=args.zero_stage,
+                                    offload=args.offload)
+    ds_config = merge_user_ds_config(ds_config, args.deepspeed_config)
+    model = RewardModel.from_pretrained(model_path, tokenizer, ds_config, args.dropout,
+                                        args.num_padding_at_beginning, args.trust_remote_code)
+    prepare_trainable(model, lora_dim=args.lora_dim, lora_module_name=args.lora_module_name,
+                      only_optimize_lora=args.only_optimize_lora, gradient_checkpointing=args.gradient_checkpointing)
+    if args.only_optimize_lora:
+        model.v_head.weight.requires_grad = True  # the new head must learn even when the backbone is frozen
+    total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
+                                       args.max_steps)
+    engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.learning_rate,
+                               weight_decay=args.weight_decay, lora_learning_rate=args.lora_learning_rate,
+                               offload=args.offload, lr_scheduler_type=args.lr_scheduler_type,
+                               num_warmup_steps=args.num_warmup_steps, num_training_steps=total_steps)
+    print_rank_0(f"reward model on {args.model_name_or_path}: {count_parameters(model) / 1e6:.2f}M parameters, "
+                 f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
+                 f"{len(eval_dataset)} eval pairs; {total_steps} optimizer steps")
+
+    # Loop
+    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step2_reward")
+    throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)
+
+    def run_eval(when):
+        scores = evaluate_reward(engine, eval_loader, device, args.eval_iters)
+        print_rank_0(f"eval {when}: {format_scalars(**scores)}")
+        monitor.write(engine.global_steps, "eval", **scores)
+        return scores
+
+    metrics = {f"{k}_before": v for k, v in run_eval("before training").items()}
+    step = 0
+    for epoch in range(args.num_train_epochs):
+        if hasattr(train_loader.sampler, "set_epoch"):
+            train_loader.sampler.set_epoch(epoch)
+        for micro_step, batch in enumerate(train_loader):
+            batch = to_device(batch, device)
+            step_start = time.perf_counter()
+            out = engine(**batch)
+            assert_finite(out["loss"], "the reward-model loss")
+            engine.backward(out["loss"])
+            engine.step()
+            throughput.add(time.perf_counter() - step_start, *batch["input_ids"].shape,
+                           int(batch["attention_mask"].sum()))
+            if (micro_step + 1) % args.gradient_accumulation_steps != 0:
+                continue
+            step = engine.global_steps
+            if step % args.print_interval == 0 or step == total_steps:
+                loss = all_reduce_mean(out["loss"].detach().float()).item()
+                accuracy = all_reduce_mean((out["chosen_end_scores"] > out["rejected_end_scores"]).float().mean())
+                print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: "
+                             f"{format_scalars(loss=loss, batch_accuracy=accuracy.item())}")
+                monitor.write(step, "train", loss=loss, batch_accuracy=accuracy.item(),
+                              lr=engine.lr_scheduler.get_last_lr()[0], **throughput.report())
+            if args.eval_interval and step % args.eval_interval == 0 and step < total_steps:
+                run_eval(f"at step {step}")
+            if step >= total_steps:
+                break
+        if step >= total_steps:
+            break
+    metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
+    metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(model),
+                   wall_time_s=time.time() - start_time)
+    monitor.close()
+
+    # Save
+    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
+    if rank == 0:
+        with open(f"{args.output_dir}/metrics.json", "w") as f:
+            json.dump(metrics, f, indent=2)
+    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+
+
+if __name__ == "__main__":
+    main()
