@@ -13,11 +13,11 @@ from utils.task import format_prompt as format_task_prompt
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
-NEUTRAL_DECODING = dict(num_beams=1, temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0,
-                        eta_cutoff=0.0, repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0,
-                        min_new_tokens=0)
-"""Every logits processor off. `generate` fills the settings we leave unset from the model's own
-generation_config.json (often top_k=50, a repetition penalty...), so we set them all."""
+NEUTRAL_PROCESSORS = dict(num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
+NEUTRAL_SAMPLING = dict(top_k=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+"""Every logits processor (all decodings) and warper (sampling) other than temperature and top-p, off: `generate`
+fills the settings we leave unset from the model's own generation_config.json (often top_k=50, a repetition
+penalty...), so we set them all."""
 
 
 def load_causal_lm(path_or_name, dtype="fp32", trust_remote_code=False):
@@ -98,14 +98,17 @@ def tokenize_prompts(tokenizer, prompts):
 
 def check_prompts(model, tokenizer, prompts, max_new_tokens):
     """Token ids of each prompt; ChatRLHFError naming the first empty prompt or one too long for the context."""
+    def name(index):
+        return "the prompt" if len(prompts) == 1 else f"prompt {index}"
+
     limit = max_prompt_tokens(model, max_new_tokens)
     for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str) or not prompt.strip():
-            raise ChatRLHFError(f"prompt {index} is empty")
+            raise ChatRLHFError(f"{name(index)} is empty")
     token_ids = tokenize_prompts(tokenizer, prompts)
     for index, ids in enumerate(token_ids):
         if limit is not None and len(ids) > limit:
-            raise ChatRLHFError(f"prompt {index} is too long: {len(ids)} tokens, but the model's context of "
+            raise ChatRLHFError(f"{name(index)} is too long: {len(ids)} tokens, but the model's context of "
                                 f"{context_length(model)} positions leaves {limit} for the prompt with "
                                 f"max_new_tokens {max_new_tokens}")
     return token_ids
@@ -146,8 +149,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
     token_ids = check_prompts(model, tokenizer, prompts, max_new_tokens)
     eos_ids = eos_token_ids(model, tokenizer)
-    sampling = {} if greedy else dict(temperature=temperature, top_p=top_p)
-    config = GenerationConfig(**{**NEUTRAL_DECODING, **sampling}, max_new_tokens=max_new_tokens,
+    sampling = {} if greedy else dict(NEUTRAL_SAMPLING, temperature=temperature, top_p=top_p)
+    config = GenerationConfig(**NEUTRAL_PROCESSORS, **sampling, max_new_tokens=max_new_tokens,
                               do_sample=not greedy, eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(token_ids[i]))

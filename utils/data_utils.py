@@ -251,3 +251,51 @@ def make_dataloader(dataset, collator, batch_size, shuffle, seed=0):
     else:
         sampler = SequentialSampler(dataset)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator)
+
+
+def create_unsupervised_dataset(name, config_name, tokenizer, block_size, seed):
+    """Plain text for step 3's pretraining loss, tokenized, joined with EOS and cut into blocks of block_size
+    tokens (DeepSpeed-Chat's `group_texts`). `name` is `builtin` (the built-in corpus), a local .txt file (one
+    document per line), a local .json/.jsonl file with a `text` field, or a hub data set with a `text` column."""
+    texts = _unsupervised_texts(name, config_name)
+    ids = []
+    for text in texts:
+        ids += tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    blocks = [ids[start:start + block_size] for start in range(0, len(ids) - block_size + 1, block_size)]
+    if not blocks:
+        raise DataError(f"--unsupervised_dataset_name {name}: fewer than {block_size} tokens of text")
+    order = shuffled_indices(seed, len(blocks))
+    print_rank_0(f"unsupervised: {len(blocks)} blocks of {block_size} tokens from {name}")
+    return ListDataset([{"input_ids": blocks[i], "labels": blocks[i]} for i in order])
+
+
+def _unsupervised_texts(name, config_name):
+    import json
+    from pathlib import Path
+
+    if name == "builtin":
+        from utils.raw_datasets import builtin_data_dir
+
+        path = builtin_data_dir() / "unsup.txt"
+    else:
+        path = Path(name)
+    if path.is_file():
+        if path.suffix in (".json", ".jsonl"):
+            texts = []
+            for number, line in enumerate(path.read_text().splitlines(), start=1):
+                if line.strip():
+                    try:
+                        texts.append(json.loads(line)["text"])
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        raise DataError(f"{path}: line {number}: expected a JSON object with a 'text' field") from None
+            return texts
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    if name.startswith((".", "/", "~")):
+        raise DataError(f"--unsupervised_dataset_name {name}: no such file")
+    try:
+        import datasets
+
+        return datasets.load_dataset(name, config_name, split="train")["text"]
+    except Exception as err:
+        raise DataError(f"--unsupervised_dataset_name {name}: could not be loaded ({type(err).__name__}); "
+                        "a local .txt file or 'builtin' works offline") from None

@@ -152,6 +152,9 @@ def merge_user_ds_config(config, deepspeed_config_path):
             user = json.load(f)
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: {err}") from None
+    if not isinstance(user, dict):
+        raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: expected a JSON object, got "
+                          f"{type(user).__name__}")
     return _deep_merge(config, user)
 
 

@@ -1,0 +1,165 @@
+"""Chat with a trained actor: `python chat.py --path output/actor` (DeepSpeed-Chat's `chat.py`).
+
+Three ways to run it:
+- interactive (stdin is a terminal, no --prompt): type a line, read `Assistant: ...`; the conversation is kept
+  as history, `clear` starts a new one, `quit` (or end of input) exits; empty lines are skipped.
+- `--prompt TEXT`: answer TEXT once, print the answer and exit.
+- piped stdin (no --prompt): each line is the next turn of ONE conversation (history kept, `clear` and `quit`
+  honoured, empty lines skipped); each answer is printed on a line of its own.
+"""
+import argparse
+import sys
+
+from utils.errors import ChatRLHFError, ConfigError, cli_entry
+
+CLEAR, QUIT = "clear", "quit"
+DS_CHAT_TURN_START = "Human:"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors, as utils.args.ArgumentParser (which is not imported here because
+    utils.args imports DeepSpeed, slow to import and noisy on stderr, and chatting needs none of it)."""
+
+    def error(self, message):
+        raise ConfigError(message)
+
+
+class Conversation:
+    """The turns of one conversation so far: (user, assistant) pairs."""
+
+    def __init__(self):
+        self.turns = []
+
+    def add(self, user, assistant):
+        self.turns.append((user, assistant))
+
+    def clear(self):
+        self.turns = []
+
+
+class ChatBot:
+    """Answers user turns with `generate`, keeping the conversation as history.
+
+    When the whole conversation no longer fits the model's context, the oldest turns are left out of the
+    prompt (they stay in `conversation`); a single turn too long on its own is a ChatRLHFError.
+    """
+
+    def __init__(self, model, tokenizer, max_new_tokens=64, temperature=0.7, top_p=0.9, greedy=False, seed=None):
+        self.model, self.tokenizer = model, tokenizer
+        self.decoding = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy)
+        self.seed = seed
+        self.conversation = Conversation()
+        self.last_prompt = None
+
+    def build_prompt(self, user):
+        """The prompt for `user`'s turn after the history: as many recent turns as fit the context."""
+        from inference.generation import format_prompt, max_prompt_tokens, tokenize_prompts
+
+        limit = max_prompt_tokens(self.model, self.decoding["max_new_tokens"])
+        history = self.conversation.turns
+        for first in range(len(history) + 1):
+            prompt = format_prompt(self.tokenizer, history[first:] + [(user, None)])
+            if limit is None or len(tokenize_prompts(self.tokenizer, [prompt])[0]) <= limit:
+                return prompt
+        return prompt  # the turn alone is too long: generate names the problem
+
+    def reply(self, user):
+        """The answer to `user` (recorded in the history)."""
+        from inference.generation import generate
+
+        if not user.strip():
+            raise ChatRLHFError("the prompt is empty")
+        self.last_prompt = self.build_prompt(user)
+        seed = None if self.seed is None else self.seed + len(self.conversation.turns)
+        answer = generate(self.model, self.tokenizer, [self.last_prompt], seed=seed, **self.decoding)[0]
+        answer = self.clean_answer(answer)
+        self.conversation.add(user, answer)
+        return answer
+
+    def clean_answer(self, answer):
+        """The answer stripped; in DeepSpeed-Chat's format, cut where the model starts the next human turn
+        (as DeepSpeed-Chat's chatbot does), so the history holds only what the assistant said."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            answer = answer.split(DS_CHAT_TURN_START, 1)[0]
+        return answer.strip()
+
+    def clear(self):
+        self.conversation.clear()
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", type=str, required=True,
+                        help="A saved actor folder (step 1 or step 3), a base model folder or hub name, or a "
+                             "built-in name (tiny, smollm2-135m).")
+    parser.add_argument("--max_new_tokens", type=int, default=64, help="The longest answer, in tokens.")
+    parser.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature (> 0).")
+    parser.add_argument("--top_p", type=float, default=0.9, help="Nucleus sampling: keep the smallest set of "
+                                                                 "tokens whose probability reaches this.")
+    parser.add_argument("--greedy", action="store_true", help="Take the most likely token instead of sampling.")
+    parser.add_argument("--seed", type=int, default=None, help="Make the sampled answers reproducible.")
+    parser.add_argument("--prompt", type=str, default=None, help="Answer this one prompt and exit.")
+    parser.add_argument("--dtype", type=str, default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="Allow the model folder's own Python code to run (off by default).")
+    parser.add_argument("--show_prompt", action="store_true",
+                        help="Debug: print each full prompt given to the model (with history) on stderr.")
+    return parser.parse_args(argv)
+
+
+@cli_entry
+def main(argv=None):
+    args = parse_args(argv)
+    if args.prompt is not None and not args.prompt.strip():
+        raise ChatRLHFError("--prompt is empty")
+    from inference.generation import load_causal_lm
+    from utils.utils import quiet_transformers
+
+    quiet_transformers()
+    model, tokenizer = load_causal_lm(args.path, args.dtype, args.trust_remote_code)
+    bot = ChatBot(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.greedy, args.seed)
+    if args.prompt is not None:
+        print(one_line(answer_turn(bot, args.prompt, args.show_prompt)), flush=True)
+    elif sys.stdin.isatty():
+        interactive(bot, args.show_prompt)
+    else:
+        for line in sys.stdin:
+            user = line.rstrip("\r\n")
+            command = user.strip().lower()
+            if command == QUIT:
+                break
+            if command == CLEAR:
+                bot.clear()
+            elif user.strip():
+                print(one_line(answer_turn(bot, user, args.show_prompt)), flush=True)
+
+
+def interactive(bot, show_prompt):
+    print(f"Chatting with {bot.model.name_or_path}. Type '{CLEAR}' to start a new conversation, '{QUIT}' to "
+          "exit.", flush=True)
+    while True:
+        try:
+            user = input("Human: ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return
+        command = user.strip().lower()
+        if command == QUIT:
+            return
+        if command == CLEAR:
+            bot.clear()
+            print("(history cleared)", flush=True)
+        elif user.strip():
+            print(f"Assistant: {answer_turn(bot, user, show_prompt)}", flush=True)
+
+
+def answer_turn(bot, user, show_prompt):
+    answer = bot.reply(user)
+    if show_prompt:
+        print(f"prompt: {bot.last_prompt!r}", file=sys.stderr, flush=True)
+    return answer
+
+
+def one_line(text):
+    """An answer on a single line (for piped output: one answer per line)."""
+    return " ".join(text.split())

@@ -1,0 +1,128 @@
+"""Comparing models on the same prompts: their answers, the built-in task's checker scores, an optional reward.
+
+`evaluate_models` serves the step-1 prompt evaluation (baseline vs fine-tuned), the step-3 comparison and the
+quick start; `format_side_by_side` and `format_score_table` print what it returns.
+"""
+import json
+from pathlib import Path
+
+from utils import task
+from utils.errors import DataError
+
+DECODINGS = ("sampled", "greedy")
+
+
+def builtin_prompts():
+    """The built-in task's held-out prompts (skills in turn, so any first N are balanced)."""
+    from utils.raw_datasets import builtin_data_dir
+
+    return [record["prompt"] for record in task.heldout_prompts(builtin_data_dir())]
+
+
+def read_prompts_file(path):
+    """Prompts from a file: JSON lines with a string field `prompt` (other fields ignored), or plain text with
+    one prompt per line. Each prompt is used verbatim (write it formatted, e.g. " Human: ... Assistant:");
+    blank lines are skipped. The file is JSON lines when its first non-blank line starts with `{`."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"prompts file {path} does not exist")
+    lines = [(number, line.rstrip("\r\n")) for number, line in enumerate(path.read_text().splitlines(), 1)]
+    lines = [(number, line) for number, line in lines if line.strip()]
+    if not lines:
+        raise DataError(f"prompts file {path} has no prompts")
+    if not lines[0][1].lstrip().startswith("{"):
+        return [line for _, line in lines]
+    prompts = []
+    for number, line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path} line {number}: not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"].strip():
+            raise DataError(f"{path} line {number}: no non-empty string field 'prompt'")
+        prompts.append(record["prompt"])
+    return prompts
+
+
+def are_task_prompts(prompts):
+    """Whether every prompt is one of the built-in task's, so the checker can score the answers."""
+    try:
+        for prompt in prompts:
+            task.parse_prompt(prompt)
+    except ValueError:
+        return False
+    return bool(prompts)
+
+
+def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy_only=False,
+                    seed=1234, batch_size=32, reward_fn=None, dtype="fp32", trust_remote_code=False):
+    """Answer `prompts` with each model and score the answers.
+
+    model_specs: {name: model folder or built-in name, or an already loaded (model, tokenizer)}; models given
+    by path are loaded one at a time and released before the next.
+    Decodings: "sampled" (at `temperature`, `top_p`, seeded with `seed`, the same for every model) and
+    "greedy"; `greedy_only` keeps greedy alone.
+    reward_fn: optional `reward_fn(prompts, answers) -> list[float]` (e.g. a step-2 reward model); the mean
+    is reported as "reward".
+
+    Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]}}},
+    where scores is `task.summarize_scores` ({"all": mean checker score, "add": ..., per skill present}) when
+    every prompt is a built-in task prompt (else {}), plus "reward" when reward_fn is given.
+    """
+    from inference.generation import generate, load_causal_lm
+
+    decodings = ("greedy",) if greedy_only else DECODINGS
+    scorable = are_task_prompts(prompts)
+    results = {}
+    for name, spec in model_specs.items():
+        model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
+        answers = {decoding: generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                      temperature=temperature, top_p=top_p, greedy=decoding == "greedy",
+                                      batch_size=batch_size, seed=seed)
+                   for decoding in decodings}
+        del model, tokenizer  # a loaded model is freed before the next one (and before reward_fn runs)
+        result = {}
+        for decoding in decodings:
+            scores = task.summarize_scores(prompts, answers[decoding]) if scorable else {}
+            if reward_fn is not None:
+                rewards = [float(r) for r in reward_fn(prompts, answers[decoding])]
+                scores["reward"] = sum(rewards) / len(rewards)
+            result[decoding] = scores
+        result["answers"] = answers
+        results[name] = result
+    return results
+
+
+def format_side_by_side(prompts, results, num_show=8, width=28):
+    """The first `num_show` prompts with each model's answer(s) side by side, one row per decoding."""
+    names = list(results)
+    decodings = [d for d in DECODINGS if d in results[names[0]]["answers"]]
+    header = f"{'':8} | " + " | ".join(f"{name:{width}}" for name in names)
+    lines = [header, "-" * len(header)]
+    for index, prompt in enumerate(prompts[:num_show]):
+        lines.append(f"prompt {index}: {_shorten(prompt.strip(), 2 * width + 20)}")
+        for decoding in decodings:
+            answers = [_shorten(results[name]["answers"][decoding][index], width) for name in names]
+            lines.append(f"{decoding:8} | " + " | ".join(f"{answer:{width}}" for answer in answers))
+    return "\n".join(lines)
+
+
+def format_score_table(results):
+    """Mean scores per model and decoding: "all", each skill, and "reward" when present ("" if no scores)."""
+    rows = [(name, decoding, scores) for name, result in results.items()
+            for decoding in DECODINGS if decoding in result for scores in [result[decoding]]]
+    columns = [key for key in ("all", *task.SKILLS, "reward") if any(key in scores for _, _, scores in rows)]
+    if not columns:
+        return ""
+    name_width = max(len("model"), *(len(name) for name, _, _ in rows))
+    lines = [f"{'model':{name_width}}  {'decoding':8}  " + "  ".join(f"{c:>7}" for c in columns)]
+    for name, decoding, scores in rows:
+        cells = [f"{scores[c]:7.3f}" if c in scores else f"{'-':>7}" for c in columns]
+        lines.append(f"{name:{name_width}}  {decoding:8}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def _shorten(text, width):
+    """One line of at most `width` characters, control characters escaped (a newline shows as \\n)."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return text if len(text) <= width else text[:width - 3] + "..."

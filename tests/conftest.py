@@ -1,0 +1,54 @@
+"""Shared fixtures: the built-in tiny model and its tokenizer, small model configs, a one-process world."""
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir():
+    """The built-in tiny model folder (built into the chatrlhf cache on first use, ~10 s, then reused)."""
+    from utils.model_utils import resolve_model_path
+
+    return Path(resolve_model_path("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer as the steps load it. Shared: tests must not modify it."""
+    from utils.model_utils import load_tokenizer
+
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def small_config():
+    """`small_config(kind, vocab_size)`: a 2-layer, hidden-32 Llama or OPT config (tiny, so engines are fast)."""
+    from transformers import LlamaConfig, OPTConfig
+
+    def make(kind="llama", vocab_size=64):
+        if kind == "llama":
+            return LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                               tie_word_embeddings=True)
+        if kind == "opt":
+            return OPTConfig(vocab_size=vocab_size, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                             num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32)
+        raise ValueError(kind)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def distributed():
+    """A torch.distributed world of one, started as the steps start it. The RANK/MASTER_PORT variables it sets
+    are removed again afterwards (LOCAL_RANK stays: DeepSpeed's engine reads it), so subprocesses that later
+    tests launch do not inherit this process's rendezvous port."""
+    from utils.utils import init_distributed
+
+    before = dict(os.environ)
+    result = init_distributed()
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if key not in before:
+            os.environ.pop(key, None)
+    return result

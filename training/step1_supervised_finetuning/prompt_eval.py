@@ -1,0 +1,78 @@
+"""Step 1 evaluation: answers of a baseline and a fine-tuned model to the same prompts, side by side.
+
+Without --prompts_file the prompts are the built-in task's held-out ones, and each model's mean checker score
+(1 exact, 0.5 near miss, 0.25 right format only) is printed overall and per skill, for sampled and greedy
+decoding. Any prompts file whose prompts are all built-in task prompts is scored the same way.
+
+    python training/step1_supervised_finetuning/prompt_eval.py \\
+        --model_name_or_path_baseline tiny --model_name_or_path_finetune output/actor --num_prompts 40
+"""
+import json
+
+from inference.chatbot import ArgumentParser
+from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
+                                  read_prompts_file)
+from utils.errors import ConfigError, cli_entry
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model_name_or_path_baseline", type=str, required=True,
+                        help="The model before fine-tuning: a folder, hub name or built-in name (tiny).")
+    parser.add_argument("--model_name_or_path_finetune", type=str, required=True,
+                        help="The fine-tuned model: a step-1 (or step-3 actor) output folder.")
+    parser.add_argument("--prompts_file", type=str, default=None,
+                        help="JSON lines with a 'prompt' field, or plain text with one prompt per line, used "
+                             "verbatim; default: the built-in task's held-out prompts.")
+    parser.add_argument("--num_prompts", type=int, default=None, help="Use only the first N prompts.")
+    parser.add_argument("--max_new_tokens", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=1.0, help="Temperature of the sampled decoding.")
+    parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus top-p of the sampled decoding.")
+    parser.add_argument("--greedy", action="store_true", help="Greedy decoding only (no sampled decoding).")
+    parser.add_argument("--seed", type=int, default=1234, help="Seed of the sampled decoding (same per model).")
+    parser.add_argument("--batch_size", type=int, default=32, help="Prompts generated together.")
+    parser.add_argument("--num_show", type=int, default=8, help="Prompts printed with both models' answers.")
+    parser.add_argument("--output_json", type=str, default=None,
+                        help="Write the scores and all answers here (see inference.evaluation.evaluate_models).")
+    parser.add_argument("--dtype", type=str, default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="Allow the model folders' own Python code to run (off by default).")
+    args = parser.parse_args(argv)
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise ConfigError(f"--num_prompts must be at least 1, got {args.num_prompts}")
+    if args.num_show < 0:
+        raise ConfigError(f"--num_show must be at least 0, got {args.num_show}")
+    return args
+
+
+@cli_entry
+def main(argv=None):
+    args = parse_args(argv)
+    from utils.utils import quiet_transformers
+
+    quiet_transformers()
+    prompts = read_prompts_file(args.prompts_file) if args.prompts_file else builtin_prompts()
+    prompts = prompts[:args.num_prompts]
+    models = {"baseline": args.model_name_or_path_baseline, "finetune": args.model_name_or_path_finetune}
+    results = evaluate_models(models, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_p=args.top_p, greedy_only=args.greedy, seed=args.seed,
+                              batch_size=args.batch_size, dtype=args.dtype,
+                              trust_remote_code=args.trust_remote_code)
+
+    print(f"{len(prompts)} prompts; baseline = {models['baseline']}, finetune = {models['finetune']}")
+    if args.num_show:
+        print(format_side_by_side(prompts, results, args.num_show))
+    table = format_score_table(results)
+    if table:
+        print("\nmean checker score (1 exact, 0.5 near miss, 0.25 right format only, 0 otherwise)")
+        print(table)
+    else:
+        print("\n(no scores: the prompts are not all built-in task prompts)")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"wrote {args.output_json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The four (five with EMA) models of PPO as DeepSpeed engines.
+
+    actor      trained; from the step-1 model; a DeepSpeedHybridEngine with --enable_hybrid_engine
+    ref        frozen copy of the step-1 model, for the KL penalty
+    critic     trained; from the step-2 reward model (backbone and value head)
+    reward     frozen step-2 reward model
+    actor_ema  optional exponential moving average of the actor (--enable_ema)
+
+Frozen models use ZeRO-3 when the trained model they shadow does, or when they are offloaded; else ZeRO-0.
+Every model is built with dropout off unless asked, so experience and training see the same function.
+"""
+import deepspeed
+import torch
+from deepspeed.accelerator import get_accelerator
+
+from utils.ds_utils import get_eval_ds_config, get_train_ds_config
+from utils.engine import init_train_engine, prepare_trainable
+from utils.lora import convert_linear_layer_to_lora
+from utils.model_utils import create_hf_model
+from utils.reward_model import RewardModel
+from utils.utils import print_rank_0
+
+
+def use_native_generate_on_cpu():
+    """DeepSpeed's hybrid-engine inference kernels are CUDA only. On a CPU, give the hybrid engine no inference
+    policies, so it keeps the model's own `generate()` for every architecture (OPT already falls back by itself;
+    Llama would otherwise fail at initialize). On CUDA nothing changes."""
+    from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
+
+    original = DeepSpeedHybridEngine.populate_all_inference_policies
+    if getattr(original, "native_generate_on_cpu", False):
+        return
+
+    def populate_all_inference_policies(self):
+        if get_accelerator().device_name() == "cpu":
+            self.inference_policies = {}
+        else:
+            original(self)
+
+    populate_all_inference_policies.native_generate_on_cpu = True
+    DeepSpeedHybridEngine.populate_all_inference_policies = populate_all_inference_policies
+
+
+class DeepSpeedRLHFEngine:
+
+    def __init__(self, actor_path, critic_path, tokenizer, args, num_total_iters, world_size):
+        self.args, self.tokenizer, self.world_size = args, tokenizer, world_size
+        self.num_total_iters = num_total_iters
+        use_native_generate_on_cpu()
+        self.actor = self._init_actor(actor_path)
+        self.ref = self._init_frozen_causal_lm(actor_path, "reference")
+        self.actor_ema = self._init_ema(actor_path) if args.enable_ema else None
+        self.critic = self._init_critic(critic_path)
+        self.reward = self._init_reward(critic_path)
+
+    def _train_config(self, stage, offload, hybrid=False):
+        args = self.args
+        return get_train_ds_config(
+            micro_batch_size=args.per_device_training_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps, world_size=self.world_size,
+            dtype=args.dtype, stage=stage, offload=offload, enable_hybrid_engine=hybrid,
+            inference_tp_size=args.inference_tp_size, release_inference_cache=args.release_inference_cache,
+            pin_parameters=not args.unpin_actor_parameters, tp_gather_partition_size=args.tp_gather_partition_size,
+            max_out_tokens=args.max_prompt_seq_len + args.max_answer_seq_len)
+
+    def _frozen_config(self, trained_stage, offload):
+        stage = 3 if trained_stage == 3 or offload else 0
+        return get_eval_ds_config(micro_batch_size=self.args.per_device_training_batch_size,
+                                  world_size=self.world_size, dtype=self.args.dtype, stage=stage, offload=offload)
+
+    def _init_actor(self, path):
+        from transformers import AutoModelForCausalLM
+
+        args = self.args
+        ds_config = self._train_config(args.actor_zero_stage, args.offload, args.enable_hybrid_engine)
+        model = create_hf_model(AutoModelForCausalLM, path, self.tokenizer, ds_config, args.actor_dropout,
+                                args.trust_remote_code)
+        prepare_trainable(model, lora_dim=args.actor_lora_dim, lora_module_name=args.actor_lora_module_name,
+                          only_optimize_lora=args.only_optimize_lora,
+                          gradient_checkpointing=args.actor_gradient_checkpointing)
+        engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.actor_learning_rate,
+                                   weight_decay=args.actor_weight_decay,
+                                   lora_learning_rate=args.actor_lora_learning_rate, offload=args.offload,
+                                   lr_scheduler_type=args.lr_scheduler_type, num_warmup_steps=args.num_warmup_steps,
+                                   num_training_steps=self.num_total_iters)
+        print_rank_0(f"actor: {type(engine).__name__}, ZeRO-{args.actor_zero_stage}")
+        return engine
+
+    def _init_frozen_causal_lm(self, path, what):
+        from transformers import AutoModelForCausalLM
+
+        args = self.args
+        ds_config = self._frozen_config(args.actor_zero_stage, args.offload_reference_model)
+        model = create_hf_model(AutoModelForCausalLM, path, self.tokenizer, ds_config, args.actor_dropout,
+                                args.trust_remote_code)
+        return self._init_frozen(model, ds_config, what)
+
+    def _init_ema(self, path):
+        """The EMA copy has the actor's structure (LoRA layers included) so parameters pair up one to one."""
+        from transformers import AutoModelForCausalLM
+
+        args = self.args
+        ds_config = self._frozen_config(args.actor_zero_stage, args.offload_reference_model)
+        model = create_hf_model(AutoModelForCausalLM, path, self.tokenizer, ds_config, args.actor_dropout,
+                                args.trust_remote_code)
+        if args.actor_lora_dim > 0:
+            convert_linear_layer_to_lora(model, args.actor_lora_module_name, args.actor_lora_dim)
+            copy_lora_factors(self.actor.module, model)
+        return self._init_frozen(model, ds_config, "actor_ema")
+
+    def _init_critic(self, path):
+        args = self.args
+        ds_config = self._train_config(args.critic_zero_stage, args.offload)
+        model = RewardModel.from_pretrained(path, self.tokenizer, ds_config, args.critic_dropout,
+                                            args.num_padding_at_beginning, args.trust_remote_code)
+        prepare_trainable(model, lora_dim=args.critic_lora_dim, lora_module_name=args.critic_lora_module_name,
+                          only_optimize_lora=args.only_optimize_lora,
+                          gradient_checkpointing=args.critic_gradient_checkpointing)
+        if args.only_optimize_lora:
+            model.v_head.weight.requires_grad = True
+        engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.critic_learning_rate,
+                                   weight_decay=args.critic_weight_decay,
+                                   lora_learning_rate=args.critic_lora_learning_rate, offload=args.offload,
+                                   lr_scheduler_type=args.lr_scheduler_type, num_warmup_steps=args.num_warmup_steps,
+                                   num_training_steps=self.num_total_iters)
+        print_rank_0(f"critic: ZeRO-{args.critic_zero_stage}")
+        return engine
+
+    def _init_reward(self, path):
+        args = self.args
+        ds_config = self._frozen_config(args.critic_zero_stage, args.offload_reward_model)
+        model = RewardModel.from_pretrained(path, self.tokenizer, ds_config, args.critic_dropout,
+                                            args.num_padding_at_beginning, args.trust_remote_code)
+        return self._init_frozen(model, ds_config, "reward")
+
+    @staticmethod
+    def _init_frozen(model, ds_config, what):
+        for param in model.parameters():
+            param.requires_grad = False
+        engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+        engine.eval()
+        print_rank_0(f"{what}: frozen, ZeRO-{ds_config['zero_optimization']['stage']}")
+        return engine
+
+
+def copy_lora_factors(source, target):
+    """Start the EMA's LoRA factors from the actor's (they are random at conversion)."""
+    source_params = dict(source.named_parameters())
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            if "lora_" in name:
+                param.copy_(source_params[name].detach())
+
+
+def moving_average(model, model_ema, beta=0.992):
+    """ema <- beta * ema + (1 - beta) * model, parameter by parameter.
+
+    ZeRO-3 partitioned parameters (of either model) are gathered first, with `modifier_rank=0`, so the update
+    is written back to every partition when the gather ends (without it the update is lost on re-partition)."""
+    with torch.no_grad():
+        for param, param_ema in zip(model.parameters(), model_ema.parameters()):
+            to_gather = [p for p in (param, param_ema) if hasattr(p, "ds_id")]
+            with deepspeed.zero.GatheredParameters(to_gather, modifier_rank=0, enabled=bool(to_gather)):
+                param_ema.data.copy_(torch.lerp(param.data.to(param_ema.dtype), param_ema.data, beta))
