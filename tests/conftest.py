@@ -52,3 +52,33 @@ def distributed():
         if key not in before:
             os.environ.pop(key, None)
     return result
+
+
+@pytest.fixture(scope="session")
+def step3_model_dirs(tmp_path_factory, tiny_tokenizer):
+    """`(actor_dir, critic_dir)`: a step-1 folder (a 2-layer, hidden-128 Llama with the tiny tokenizer) and a
+    step-2 folder (a reward model on that backbone, saved as step 2 saves it), built directly, once per session.
+    Their configs carry dropout 0.1, so step 3 must switch it off itself. Hidden 128 makes the attention and MLP
+    weights large enough (> 1e4 elements) to be really partitioned under ZeRO-3. Shared: tests must not write."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from utils.reward_model import RewardModel
+    from utils.save import save_hf_model
+
+    root = tmp_path_factory.mktemp("step3_models")
+    actor_dir, critic_dir = root / "step1", root / "step2"
+    tokenizer = tiny_tokenizer
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                         tie_word_embeddings=True, attention_dropout=0.1, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(actor_dir)
+    tokenizer.save_pretrained(actor_dir)
+    torch.manual_seed(1)
+    reward_model = RewardModel.from_pretrained(str(actor_dir), tokenizer)  # the backbone and a new value head
+    save_hf_model(reward_model, tokenizer, critic_dir, 0)
+    return actor_dir, critic_dir

@@ -97,7 +97,8 @@ def check_common_args(args):
     for name in positive:
         if hasattr(args, name) and getattr(args, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, not {getattr(args, name)}")
-    if getattr(args, "only_optimize_lora", False) and getattr(args, "lora_dim", 0) <= 0:
+    # Steps 1 and 2 have --lora_dim; step 3 has --actor_lora_dim / --critic_lora_dim and checks them itself.
+    if getattr(args, "only_optimize_lora", False) and hasattr(args, "lora_dim") and args.lora_dim <= 0:
         raise ConfigError("--only_optimize_lora needs --lora_dim > 0")
     if getattr(args, "learning_rate", 1.0) <= 0:
         raise ConfigError(f"--learning_rate must be positive, not {args.learning_rate}")

@@ -51,12 +51,12 @@ def split_part_indices(output_path, dataset_name, seed, split_name, data_split, 
     """Indices of part `part` of a split of `data_size` rows, cached per data set, seed, split and data_split."""
     fractions = parse_data_split(data_split)
     cache_file = os.path.join(output_path, f"{dataset_name}_seed{seed}_{split_name}_{data_split}_{part}.npy")
+    start, end = split_bounds(data_size, fractions)[part]
     if os.path.isfile(cache_file):
         indices = np.load(cache_file, allow_pickle=False)
-        if indices.size == 0 or int(indices.max()) < data_size:
+        if indices.size == end - start and (indices.size == 0 or int(indices.max()) < data_size):
             return indices
-        # A cache made for a larger data set with the same name: rebuild it.
-    start, end = split_bounds(data_size, fractions)[part]
+        # A cache made for a data set of another size under the same name: rebuild it.
     indices = shuffled_indices(seed, data_size)[start:end]
     os.makedirs(output_path, exist_ok=True)
     tmp_file = f"{cache_file}.{os.getpid()}.tmp.npy"

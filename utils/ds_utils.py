@@ -14,7 +14,8 @@ def resolve_dtype(dtype):
     accelerator = get_accelerator()
     if dtype == "auto":
         return "fp16" if accelerator.device_name() == "cuda" else "fp32"
-    if dtype == "fp16" and not accelerator.is_fp16_supported():
+    if dtype == "fp16" and (accelerator.device_name() == "cpu" or not accelerator.is_fp16_supported()):
+        # fp16 training rests on dynamic loss scaling, a GPU path; CPUs train in bf16 or fp32.
         raise ConfigError(f"--dtype fp16 is not supported on this accelerator ({accelerator.device_name()}); "
                           "use --dtype bf16 or fp32")
     if dtype == "bf16" and not accelerator.is_bf16_supported():

@@ -409,6 +409,17 @@ REJECTED_KINDS = {
 """Kinds of rejected answers and their weights. Near misses (the hard negatives, e.g. a right sum against
 one off by one or two) are used only when the chosen answer is exact, since rejected must score lower."""
 
+def candidate_answers(prompt: str, rng: random.Random) -> list[str]:
+    """Answers to a task prompt at every score level, each with its leading space: the exact answer, a near
+    miss, one of the right format only, junk, " I don't know." and, when the answer has two or more
+    characters, a truncation. Drawn as the rejected answers of the pairs are, so a draw can land on another
+    level than its kind's (a truncation one edit away is a near miss): score them with `score_answer`."""
+    skill, expected = parse_prompt(prompt)
+    answers = [" " + expected] + [_rejected_answer(rng, kind, skill, expected)
+                                  for kind in ("near_miss", "format", "junk", "not_known", "truncated")]
+    return [answer for answer in answers if answer is not None]
+
+
 CHOSEN_CORRECT_PROBABILITY = 0.7
 """Chosen is exact 70% of the time and a near miss otherwise, so the mean chosen score is about 0.85."""
 

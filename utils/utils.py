@@ -2,6 +2,7 @@
 import os
 import random
 import socket
+import warnings
 
 import numpy as np
 import torch
@@ -13,6 +14,8 @@ def init_distributed():
     Under the `deepspeed` launcher (or torchrun) the environment already names the rank and the world; a plain
     `python main.py` runs as a world of one, so the same script works both ways.
     """
+    # DeepSpeed 0.19 still calls collectives that torch 2.13 deprecates: one warning per call, nothing to act on.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))

@@ -88,12 +88,9 @@ def test_resolve_dtype_on_this_accelerator():
     assert resolve_dtype("auto") == "fp32"
     assert resolve_dtype("fp32") == "fp32"
     assert resolve_dtype("bf16") == "bf16"
-    # DeepSpeed's CPU accelerator reports fp16 when oneDNN has fp16 kernels (AVX512-FP16/AMX CPUs).
-    if accelerator.is_fp16_supported():
-        assert resolve_dtype("fp16") == "fp16"
-    else:
-        with pytest.raises(ConfigError, match="--dtype fp16"):
-            resolve_dtype("fp16")
+    # fp16 training needs loss scaling, a GPU path: refused on a CPU even where oneDNN has fp16 kernels.
+    with pytest.raises(ConfigError, match="--dtype fp16"):
+        resolve_dtype("fp16")
 
 
 def test_resolve_dtype_refuses_what_the_accelerator_lacks(monkeypatch):
