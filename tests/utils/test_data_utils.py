@@ -106,9 +106,12 @@ def test_split_cache_is_written_as_plain_npy_and_read_back(tmp_path):
     assert np.array_equal(np.load(files[0], allow_pickle=False), indices)
     assert not list(tmp_path.glob("*.tmp*"))
     # The cache is what is read next time: replace it with other valid indices and they come back.
-    planted = np.array([3, 1, 4], dtype=indices.dtype)
+    planted = indices[::-1].copy()
     np.save(files[0], planted, allow_pickle=False)
     assert np.array_equal(split_part_indices(tmp_path, "ds", 1, "eval", "2,4,4", 1, 50), planted)
+    # A cache of the wrong size (the data set changed under the same name) is rebuilt, not trusted.
+    np.save(files[0], np.array([3, 1, 4], dtype=indices.dtype), allow_pickle=False)
+    assert np.array_equal(split_part_indices(tmp_path, "ds", 1, "eval", "2,4,4", 1, 50), indices)
     # Other splits, parts and data_splits have their own files.
     split_part_indices(tmp_path, "ds", 1, "train", "2,4,4", 1, 50)
     split_part_indices(tmp_path, "ds", 1, "eval", "2,4,4", 2, 50)
