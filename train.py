@@ -71,8 +71,10 @@ def step_command(args, step, dirs):
     else:
         positional = [dirs[1], dirs[2], args.actor_zero_stage, args.reward_zero_stage, dirs[3]]
         model = args.actor_model
+    # Every step logs under one TensorBoard folder: `tensorboard --logdir <output-dir>/tensorboard`.
+    tensorboard = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
     extra = shlex.split(getattr(args, f"step{step}_args"))
-    return ["bash", str(script), *map(str, positional), *recipe_flags(model, step), *extra]
+    return ["bash", str(script), *map(str, positional), *tensorboard, *recipe_flags(model, step), *extra]
 
 
 def run_step(args, step, command, out_dir):

@@ -14,7 +14,11 @@ RECIPES = {
         2: ["--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "64", "--max_seq_len", "64",
             "--learning_rate", "3e-4", "--num_warmup_steps", "20", "--num_train_epochs", "4",
             "--max_steps", "800", "--eval_interval", "200", "--print_interval", "100"],
-        3: [],
+        3: ["--per_device_generation_batch_size", "64", "--per_device_training_batch_size", "32",
+            "--ppo_epochs", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "12",
+            "--actor_learning_rate", "3e-5", "--critic_learning_rate", "1e-4", "--kl_coef", "0.05",
+            "--num_warmup_steps", "0", "--lr_scheduler_type", "constant", "--max_steps", "270",
+            "--print_interval", "10"],
     },
     "smollm2-135m": {
         1: ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_len", "64",
