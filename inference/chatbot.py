@@ -112,11 +112,14 @@ def main(argv=None):
     args = parse_args(argv)
     if args.prompt is not None and not args.prompt.strip():
         raise ChatRLHFError("--prompt is empty")
+    from utils.model_utils import resolve_model_path
+
+    path = resolve_model_path(args.path)  # a mistyped path fails at once, before torch is imported
     from inference.generation import load_causal_lm
     from utils.utils import quiet_transformers
 
     quiet_transformers()
-    model, tokenizer = load_causal_lm(args.path, args.dtype, args.trust_remote_code)
+    model, tokenizer = load_causal_lm(path, args.dtype, args.trust_remote_code)
     bot = ChatBot(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.greedy, args.seed)
     if args.prompt is not None:
         print(one_line(answer_turn(bot, args.prompt, args.show_prompt)), flush=True)

@@ -20,6 +20,15 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model gains nothing from threads, and on a busy machine they cost a lot: one, then restore."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """(model, tokenizer) of the built-in tiny model, loaded once."""
@@ -45,7 +54,8 @@ def test_format_prompt_with_chat_template_uses_it():
     tokenizer = load_tokenizer(resolve_model_path("tiny"))
     tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    assert format_prompt(tokenizer, [("q1", "a1"), ("q2", None)]) == "<|user|>q1\n<|assistant|>a1\n<|user|>q2\n<|assistant|>"
+    expected = "<|user|>q1\n<|assistant|>a1\n<|user|>q2\n<|assistant|>"
+    assert format_prompt(tokenizer, [("q1", "a1"), ("q2", None)]) == expected
 
 
 def test_format_prompt_needs_the_last_turn_unanswered(tiny):

@@ -13,6 +13,7 @@ from inference.chatbot import ArgumentParser
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
 from utils.errors import ConfigError, cli_entry
+from utils.model_utils import resolve_model_path
 
 
 def parse_args(argv=None):
@@ -48,12 +49,14 @@ def parse_args(argv=None):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
+    models = {"baseline": args.model_name_or_path_baseline, "finetune": args.model_name_or_path_finetune}
+    for path in models.values():
+        resolve_model_path(path)  # a mistyped path fails at once, not after the first model's answers
+    prompts = read_prompts_file(args.prompts_file) if args.prompts_file else builtin_prompts()
+    prompts = prompts[:args.num_prompts]
     from utils.utils import quiet_transformers
 
     quiet_transformers()
-    prompts = read_prompts_file(args.prompts_file) if args.prompts_file else builtin_prompts()
-    prompts = prompts[:args.num_prompts]
-    models = {"baseline": args.model_name_or_path_baseline, "finetune": args.model_name_or_path_finetune}
     results = evaluate_models(models, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, greedy_only=args.greedy, seed=args.seed,
                               batch_size=args.batch_size, dtype=args.dtype,

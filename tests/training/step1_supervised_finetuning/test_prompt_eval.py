@@ -1,0 +1,138 @@
+"""Tests of the step-1 prompt evaluation: inference/evaluation.py in-process, prompt_eval.py as a subprocess."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
+                                  read_prompts_file)
+from inference.generation import load_causal_lm
+from utils import task
+from utils.errors import DataError
+from utils.model_utils import resolve_model_path
+from utils.utils import quiet_transformers
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "training" / "step1_supervised_finetuning" / "prompt_eval.py"
+
+
+def run_prompt_eval(*args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model: threads only add start-up and contention
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=180)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model gains nothing from threads, and on a busy machine they cost a lot: one, then restore."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    quiet_transformers()
+    return load_causal_lm("tiny")
+
+
+def test_checker_scores_are_task_scores_of_the_returned_answers(tiny):
+    prompts = builtin_prompts()[:8]
+    assert {task.parse_prompt(p)[0] for p in prompts} == set(task.SKILLS)
+
+    def reward_fn(prompts, answers):  # a stand-in reward model: the answer's length
+        return [len(answer) for answer in answers]
+
+    results = evaluate_models({"a": tiny}, prompts, max_new_tokens=6, seed=5, reward_fn=reward_fn)
+    result = results["a"]
+    assert set(result) == {"sampled", "greedy", "answers"}
+    for decoding in ("sampled", "greedy"):
+        answers = result["answers"][decoding]
+        assert len(answers) == len(prompts)
+        for skill in task.SKILLS:
+            scores = [task.score_answer(p, a) for p, a in zip(prompts, answers) if task.parse_prompt(p)[0] == skill]
+            assert result[decoding][skill] == pytest.approx(sum(scores) / len(scores))
+        all_scores = [task.score_answer(p, a) for p, a in zip(prompts, answers)]
+        assert result[decoding]["all"] == pytest.approx(sum(all_scores) / len(all_scores))
+        assert result[decoding]["reward"] == pytest.approx(sum(map(len, answers)) / len(answers))
+    assert result["answers"]["sampled"] != result["answers"]["greedy"]
+
+
+def test_greedy_only_and_prompts_outside_the_task(tiny):
+    prompts = [" Human: Tell me a joke. Assistant:", task.format_prompt("What is 1 + 2?")]
+    results = evaluate_models({"a": tiny}, prompts, max_new_tokens=4, greedy_only=True)
+    assert results == {"a": {"greedy": {}, "answers": {"greedy": results["a"]["answers"]["greedy"]}}}
+    assert format_score_table(results) == ""
+
+
+def test_score_table_and_side_by_side_layout():
+    results = {
+        "baseline": {"sampled": {"all": 0.25, "add": 0.5}, "greedy": {"all": 0.0, "add": 0.0},
+                     "answers": {"sampled": [" 7\nx"], "greedy": [" 1"]}},
+        "finetune": {"sampled": {"all": 1.0, "add": 1.0}, "greedy": {"all": 0.75, "add": 0.75},
+                     "answers": {"sampled": [" 3"], "greedy": [" 3"]}},
+    }
+    assert format_score_table(results).splitlines() == [
+        "model     decoding      all      add",
+        "baseline  sampled     0.250    0.500",
+        "baseline  greedy      0.000    0.000",
+        "finetune  sampled     1.000    1.000",
+        "finetune  greedy      0.750    0.750",
+    ]
+    side = format_side_by_side([task.format_prompt("What is 1 + 2?")], results, num_show=8, width=6)
+    assert side.splitlines()[2:] == [
+        "prompt 0: Human: What is 1 + 2? Assistant:",
+        "sampled  |  7\\nx  |  3    ",
+        "greedy   |  1     |  3    ",
+    ]
+
+
+def test_read_prompts_file_json_lines_and_plain_text(tmp_path):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": " Human: a Assistant:", "x": 1}\n\n{"prompt": " Human: b Assistant:"}\n')
+    assert read_prompts_file(jsonl) == [" Human: a Assistant:", " Human: b Assistant:"]
+    text = tmp_path / "p.txt"
+    text.write_text(" Human: a Assistant:\n\nplain prompt\n")
+    assert read_prompts_file(text) == [" Human: a Assistant:", "plain prompt"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    with pytest.raises(DataError, match="line 2"):
+        read_prompts_file(bad)
+    with pytest.raises(DataError, match="does not exist"):
+        read_prompts_file(tmp_path / "missing.jsonl")
+
+
+def test_prompt_eval_cli_prints_the_table_and_writes_json(tmp_path):
+    output = tmp_path / "eval.json"
+    result = run_prompt_eval("--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny",
+                             "--num_prompts", "8", "--max_new_tokens", "6", "--num_show", "2",
+                             "--output_json", str(output))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines.count("model     decoding      all      add  reverse  capital    upper") == 1
+    for row in ("baseline  sampled", "baseline  greedy", "finetune  sampled", "finetune  greedy"):
+        assert sum(line.startswith(row) for line in lines) == 1
+    assert sum(line.startswith("prompt ") for line in lines) == 2
+    results = json.loads(output.read_text())
+    assert set(results) == {"baseline", "finetune"}
+    for model in results.values():
+        for decoding in ("sampled", "greedy"):
+            assert set(model[decoding]) == {"all", *task.SKILLS}
+            assert all(0.0 <= score <= 1.0 for score in model[decoding].values())
+            assert len(model["answers"][decoding]) == 8
+    # the same model and the same sampling seed: the same answers
+    assert results["baseline"]["answers"] == results["finetune"]["answers"]
+
+
+def test_prompt_eval_cli_refuses_a_missing_model_before_generating():
+    baseline = resolve_model_path("tiny")  # a real folder: it would be loaded and run first
+    result = run_prompt_eval("--model_name_or_path_baseline", baseline, "--model_name_or_path_finetune",
+                             "/nonexistent/actor")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: model path /nonexistent/actor does not exist"]
+    assert result.stdout == ""
