@@ -7,21 +7,13 @@ Three ways to run it:
 - piped stdin (no --prompt): each line is the next turn of ONE conversation (history kept, `clear` and `quit`
   honoured, empty lines skipped); each answer is printed on a line of its own.
 """
-import argparse
 import sys
 
-from utils.errors import ChatRLHFError, ConfigError, cli_entry
+from utils.args import ArgumentParser
+from utils.errors import ChatRLHFError, cli_entry
 
 CLEAR, QUIT = "clear", "quit"
 DS_CHAT_TURN_START = "Human:"
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with one-line errors, as utils.args.ArgumentParser (which is not imported here because
-    utils.args imports DeepSpeed, slow to import and noisy on stderr, and chatting needs none of it)."""
-
-    def error(self, message):
-        raise ConfigError(message)
 
 
 class Conversation:

@@ -1,6 +1,5 @@
 """DeepSpeed set-up shared by the three steps: configs, precision, optimizers and their parameter groups."""
 import torch
-from deepspeed.accelerator import get_accelerator
 
 from utils.errors import ConfigError
 
@@ -11,6 +10,8 @@ LORA_PARAMETER_NAMES = ("lora_right_weight", "lora_left_weight")
 def resolve_dtype(dtype):
     """Turn `--dtype` into fp32/bf16/fp16 for this accelerator; `auto` is fp16 on CUDA (as DeepSpeed-Chat) and
     fp32 elsewhere. Refuse a dtype the accelerator cannot train in."""
+    from deepspeed.accelerator import get_accelerator
+
     accelerator = get_accelerator()
     if dtype == "auto":
         return "fp16" if accelerator.device_name() == "cuda" else "fp32"
@@ -135,6 +136,8 @@ def create_optimizer(param_groups, learning_rate, offload, betas=(0.9, 0.95)):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(param_groups, lr=learning_rate, betas=betas)
+    from deepspeed.accelerator import get_accelerator
+
     if get_accelerator().device_name() == "cuda":
         from deepspeed.ops.adam import FusedAdam
 

@@ -5,7 +5,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
 
 from utils.lora import fuse_lora_state_dict, has_lora
 from utils.utils import barrier, is_rank_0

@@ -9,9 +9,9 @@ decoding. Any prompts file whose prompts are all built-in task prompts is scored
 """
 import json
 
-from inference.chatbot import ArgumentParser
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
+from utils.args import ArgumentParser
 from utils.errors import ConfigError, cli_entry
 from utils.model_utils import resolve_model_path
 
