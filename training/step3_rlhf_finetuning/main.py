@@ -240,7 +240,7 @@ def ppo_round(trainer, experiences, args, unsup_batches, engine, shuffler, train
         shuffler.shuffle(minibatches)
         for minibatch in minibatches:
             stats = trainer.train_rlhf(minibatch, train_actor)
-            if unsup_batches is not None:
+            if unsup_batches is not None and train_actor:  # critic warm-up rounds leave the actor alone
                 batch = to_device(next(unsup_batches), trainer.actor.device)
                 stats["unsup_loss"] = trainer.train_unsupervised(batch, args.unsup_coef)
             if engine.actor_ema is not None:

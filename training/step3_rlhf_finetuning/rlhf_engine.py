@@ -144,12 +144,17 @@ class DeepSpeedRLHFEngine:
 
 
 def copy_lora_factors(source, target):
-    """Start the EMA's LoRA factors from the actor's (they are random at conversion)."""
+    """Start the EMA's LoRA factors from the actor's (they are random at conversion). The actor is already a
+    DeepSpeed engine: under ZeRO-3 its factors are partitioned (empty on this rank) unless small, so each is
+    gathered for the copy (and the target too, with `modifier_rank=0`, should it be partitioned already)."""
     source_params = dict(source.named_parameters())
     with torch.no_grad():
         for name, param in target.named_parameters():
             if "lora_" in name:
-                param.copy_(source_params[name].detach())
+                source_param = source_params[name]
+                to_gather = [p for p in (source_param, param) if hasattr(p, "ds_id")]
+                with deepspeed.zero.GatheredParameters(to_gather, modifier_rank=0, enabled=bool(to_gather)):
+                    param.copy_(source_param.detach())
 
 
 def moving_average(model, model_ema, beta=0.992):

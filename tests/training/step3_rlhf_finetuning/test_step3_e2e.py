@@ -1,0 +1,158 @@
+"""Step 3 end to end through its real launch scripts (the `deepspeed` launcher, one and two processes), on the
+tiny step-1 and step-2 folders of the session fixture `step3_model_dirs`, and its one-line errors for swapped
+model folders. Runs over a minute are marked `e2e` (deselected by default: `pytest -m e2e`)."""
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+STEP3 = REPO / "training" / "step3_rlhf_finetuning"
+SMALL_FLAGS = ["--max_steps", "2", "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
+               "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8", "--num_warmup_steps", "0"]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subprocess_env():
+    """This environment without the test process's own rendezvous, one thread per process."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONPATH=str(REPO))
+    return env
+
+
+def run_step3(deployment, model_dirs, actor_stage, critic_stage, out_dir, *flags, timeout=600):
+    actor_dir, critic_dir = model_dirs
+    command = ["bash", str(STEP3 / "training_scripts" / deployment / "run.sh"), str(actor_dir), str(critic_dir),
+               str(actor_stage), str(critic_stage), str(out_dir), *SMALL_FLAGS,
+               "--data_output_path", str(out_dir.parent / "data_files"), *flags]
+    result = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def max_abs_difference(model_a, model_b):
+    state_b = model_b.state_dict()
+    return max((value - state_b[name]).abs().max().item() for name, value in model_a.state_dict().items())
+
+
+def check_outputs(out_dir, model_dirs, tokenizer, with_ema=False):
+    """actor/ (and actor_ema/) load as causal LMs that training moved, critic/ as a reward model, and metrics.json
+    holds finite numbers for the requested two steps."""
+    from transformers import AutoModelForCausalLM
+
+    from utils.reward_model import RewardModel
+
+    start = AutoModelForCausalLM.from_pretrained(model_dirs[0]).eval()
+    actor = AutoModelForCausalLM.from_pretrained(out_dir / "actor").eval()
+    assert not any("lora" in name for name in actor.state_dict())  # saved fused
+    assert 0 < max_abs_difference(actor, start) < 1.0
+    critic = RewardModel.from_pretrained(out_dir / "critic", tokenizer).eval()
+    start_critic = RewardModel.from_pretrained(model_dirs[1], tokenizer).eval()
+    assert not torch.equal(critic.v_head.weight, start_critic.v_head.weight)
+    ids = torch.tensor([[1, 30, 31, 32, tokenizer.eos_token_id]])
+    with torch.no_grad():
+        assert torch.isfinite(actor(input_ids=ids).logits).all()
+        assert torch.isfinite(critic.forward_value(ids, torch.ones_like(ids))[1]).all()
+    assert (out_dir / "actor_ema").is_dir() == with_ema
+    if with_ema:
+        ema = AutoModelForCausalLM.from_pretrained(out_dir / "actor_ema").eval()
+        # Between the start and the actor: closer to the start (beta = 0.992) but not equal to it.
+        assert 0 < max_abs_difference(ema, start) < max_abs_difference(actor, start)
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 2
+    for key in ("score_start", "score_end", "reward_start", "reward_end", "kl_end", "answer_length_end",
+                "eos_fraction_end", "wall_time_s"):
+        assert isinstance(metrics[key], (int, float)) and math.isfinite(metrics[key]), key
+    assert 1 <= metrics["answer_length_end"] <= 8
+    return metrics
+
+
+def test_single_gpu_run_with_ema_unsupervised_loss_and_adaptive_kl(step3_model_dirs, tiny_tokenizer, tmp_path):
+    out = tmp_path / "out"
+    result = run_step3("single_gpu", step3_model_dirs, 0, 0, out, "--enable_ema", "--unsupervised_dataset_name",
+                       "builtin", "--adaptive_kl_target", "0.5", "--adaptive_kl_horizon", "100", "--ppo_epochs", "2")
+    assert "actor: DeepSpeedEngine, ZeRO-0" in result.stdout
+    check_outputs(out, step3_model_dirs, tiny_tokenizer, with_ema=True)
+    steps = [line for line in result.stdout.splitlines() if re.search(r"step \d/2:", line)]
+    assert len(steps) == 2 and all("unsup_loss=" in line for line in steps)
+    # The adaptive controller moved the coefficient off its start value (--kl_coef 0.1) after the first round.
+    kl_coefs = [float(re.search(r"kl_coef=(\S+)", line).group(1)) for line in steps]
+    assert kl_coefs[0] != 0.1 and kl_coefs[1] != kl_coefs[0]
+
+
+@pytest.mark.e2e
+def test_single_node_two_processes_zero2(step3_model_dirs, tiny_tokenizer, tmp_path):
+    out = tmp_path / "out"
+    result = run_step3("single_node", step3_model_dirs, 2, 2, out)
+    assert "rollouts" in result.stdout and "x 2 rollouts" in result.stdout  # two processes
+    assert "actor: DeepSpeedEngine, ZeRO-2" in result.stdout
+    check_outputs(out, step3_model_dirs, tiny_tokenizer)
+
+
+@pytest.mark.e2e
+def test_single_node_two_processes_zero3_hybrid_engine_lora_ema(step3_model_dirs, tiny_tokenizer, tmp_path):
+    out = tmp_path / "out"
+    result = run_step3("single_node", step3_model_dirs, 3, 3, out, "--enable_hybrid_engine", "--enable_ema",
+                       "--actor_lora_dim", "100", "--only_optimize_lora")
+    assert "x 2 rollouts" in result.stdout
+    assert "actor: DeepSpeedHybridEngine, ZeRO-3" in result.stdout
+    check_outputs(out, step3_model_dirs, tiny_tokenizer, with_ema=True)
+
+
+@pytest.mark.parametrize("swap, message", [
+    ("actor", "is a reward model (step 2 output)"),
+    ("critic", "is not a reward model folder"),
+])
+def test_swapped_model_folders_end_in_one_error_line_and_exit_2(step3_model_dirs, tmp_path, swap, message):
+    actor_dir, critic_dir = step3_model_dirs
+    actor, critic = (critic_dir, critic_dir) if swap == "actor" else (actor_dir, actor_dir)
+    result = subprocess.run([sys.executable, str(STEP3 / "main.py"), "--actor_model_name_or_path", str(actor),
+                             "--critic_model_name_or_path", str(critic), "--output_dir", str(tmp_path / "out")],
+                            cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_resolve_step_models_checks_each_folders_kind(step3_model_dirs):
+    from training.step3_rlhf_finetuning.main import parse_args, resolve_step_models
+    from utils.errors import ConfigError
+
+    actor_dir, critic_dir = map(str, step3_model_dirs)
+
+    def args(actor, critic):
+        return parse_args(["--actor_model_name_or_path", actor, "--critic_model_name_or_path", critic,
+                           "--output_dir", "unused"])
+
+    assert resolve_step_models(args(actor_dir, critic_dir)) == (actor_dir, critic_dir)
+    with pytest.raises(ConfigError, match="is a reward model"):
+        resolve_step_models(args(critic_dir, critic_dir))
+    with pytest.raises(ConfigError, match="not a reward model folder"):
+        resolve_step_models(args(actor_dir, actor_dir))
+
+
+def test_only_optimize_lora_is_accepted_with_an_actor_or_critic_lora_dim():
+    from training.step3_rlhf_finetuning.main import parse_args
+    from utils.errors import ConfigError
+
+    base = ["--actor_model_name_or_path", "a", "--critic_model_name_or_path", "b", "--output_dir", "unused"]
+    assert parse_args(base + ["--actor_lora_dim", "4", "--only_optimize_lora"]).only_optimize_lora
+    assert parse_args(base + ["--critic_lora_dim", "4", "--only_optimize_lora"]).only_optimize_lora
+    with pytest.raises(ConfigError, match="--actor_lora_dim or --critic_lora_dim"):
+        parse_args(base + ["--only_optimize_lora"])
