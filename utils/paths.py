@@ -18,7 +18,6 @@ def build_once(target, build):
     """
     import fcntl
     import shutil
-    import tempfile
 
     target = Path(target)
     if target.is_dir():
@@ -28,10 +27,23 @@ def build_once(target, build):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.is_dir():
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = make_temp_dir_beside(target)
         try:
             build(tmp)
             os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def make_temp_dir_beside(target):
+    """An empty hidden folder next to `target` (same file system, so a rename moves it into place), with the
+    permissions a plain mkdir would give it (mkdtemp alone makes it private to the owner)."""
+    import tempfile
+
+    target = Path(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp

@@ -2,11 +2,11 @@
 import fnmatch
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 
 from utils.lora import fuse_lora_state_dict, has_lora
+from utils.paths import make_temp_dir_beside
 from utils.utils import barrier, is_rank_0
 
 # Files that belong to a saved model; anything else in an output folder (training.log, TensorBoard runs,
@@ -66,7 +66,7 @@ class atomic_dir:
 
     def __enter__(self):
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp", dir=self.target.parent))
+        self.tmp = make_temp_dir_beside(self.target)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):
