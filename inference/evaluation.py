@@ -8,6 +8,7 @@ from pathlib import Path
 
 from utils import task
 from utils.errors import DataError
+from utils.prompting import model_prompt
 
 DECODINGS = ("sampled", "greedy")
 
@@ -76,7 +77,8 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     results = {}
     for name, spec in model_specs.items():
         model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
-        answers = {decoding: generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+        model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
+        answers = {decoding: generate(model, tokenizer, model_prompts, max_new_tokens=max_new_tokens,
                                       temperature=temperature, top_p=top_p, greedy=decoding == "greedy",
                                       batch_size=batch_size, seed=seed)
                    for decoding in decodings}

@@ -9,7 +9,7 @@ import torch
 
 from utils.errors import ChatRLHFError, ConfigError
 from utils.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
-from utils.task import format_prompt as format_task_prompt
+from utils.prompting import encode_prompt_text, format_turns
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -41,30 +41,8 @@ def load_causal_lm(path_or_name, dtype="fp32", trust_remote_code=False):
 
 
 def format_prompt(tokenizer, turns):
-    """The prompt text of a conversation. `turns` is a list of (user, assistant) pairs, the last with
-    assistant None (the turn to answer).
-
-    With a chat template the tokenizer's own format is used, ending with the generation prompt. Without one,
-    DeepSpeed-Chat's: `" Human: q1 Assistant: a1 Human: q2 Assistant:"`; a single turn is exactly the built-in
-    task's prompt (`utils.task.format_prompt`), i.e. what step 1 trained on.
-    """
-    if not turns or turns[-1][1] is not None:
-        raise ValueError("the last turn must be the user's, with assistant None")
-    if any(assistant is None for _, assistant in turns[:-1]):
-        raise ValueError("only the last turn may be without an assistant answer")
-    if getattr(tokenizer, "chat_template", None):
-        messages = []
-        for user, assistant in turns:
-            messages.append({"role": "user", "content": user})
-            if assistant is not None:
-                messages.append({"role": "assistant", "content": assistant})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    parts = []
-    for user, assistant in turns:
-        parts.append(format_task_prompt(user))
-        if assistant is not None:
-            parts.append(" " + assistant)
-    return "".join(parts)
+    """The prompt text of a conversation (see `utils.prompting.format_turns`)."""
+    return format_turns(tokenizer, turns)
 
 
 def context_length(model):
@@ -89,11 +67,8 @@ def max_prompt_tokens(model, max_new_tokens):
 
 
 def tokenize_prompts(tokenizer, prompts):
-    """Token ids of each prompt, as training tokenizes them (special tokens added), but without a second BOS
-    when the text already starts with one (a chat template that writes it)."""
-    bos = tokenizer.bos_token
-    return [tokenizer(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))["input_ids"]
-            for prompt in prompts]
+    """Token ids of prompts already in the model's format, as training tokenizes them."""
+    return [encode_prompt_text(tokenizer, prompt) for prompt in prompts]
 
 
 def check_prompts(model, tokenizer, prompts, max_new_tokens):

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from utils.errors import ConfigError, DataError
+from utils.prompting import encode_prompt_text, model_answer, model_prompt
 from utils.utils import print_rank_0
 
 IGNORE_INDEX = -100
@@ -66,13 +67,14 @@ def split_part_indices(output_path, dataset_name, seed, split_name, data_split, 
 
 
 def tokenize_prompt(tokenizer, prompt):
-    """Prompt token ids, with the special tokens the tokenizer adds at the start (e.g. a BOS)."""
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    """Prompt token ids, in the model's chat format when it has one, with the special tokens the tokenizer
+    adds at the start (e.g. a BOS)."""
+    return encode_prompt_text(tokenizer, model_prompt(tokenizer, prompt))
 
 
 def tokenize_answer(tokenizer, answer):
     """Answer token ids followed by EOS: the model is trained to stop."""
-    return tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return tokenizer(model_answer(tokenizer, answer), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
 class SampleCounter:

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
 from training.step3_rlhf_finetuning import ppo_math
 from utils.model_utils import model_forward_kwargs
 from utils.utils import assert_finite
@@ -45,14 +46,15 @@ class PPOTrainer:
     # ---- experience -------------------------------------------------------------------------------------------
 
     def generate_sequence(self, prompts, prompt_mask):
-        """Sampled answers (temperature, top-p): (B, P + A) token ids; A <= max_answer_seq_len."""
+        """Sampled answers (temperature, top-p, nothing else, whatever the model's generation_config says):
+        (B, P + A) token ids; A <= max_answer_seq_len."""
         args = self.args
         with torch.no_grad():
             seq = self.actor.module.generate(
                 input_ids=prompts, attention_mask=prompt_mask, max_new_tokens=args.max_answer_seq_len,
-                do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0,
+                do_sample=True, temperature=args.temperature, top_p=args.top_p,
                 eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-                synced_gpus=self.zero3_generation, use_cache=True)
+                synced_gpus=self.zero3_generation, use_cache=True, **NEUTRAL_PROCESSORS, **NEUTRAL_SAMPLING)
         return seq
 
     def answer_logprobs(self, model, seq, attention_mask, prompt_len, with_entropy=False):
