@@ -17,7 +17,8 @@ RECIPES = {
         3: ["--per_device_generation_batch_size", "64", "--per_device_training_batch_size", "32",
             "--ppo_epochs", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "12",
             "--actor_learning_rate", "3e-5", "--critic_learning_rate", "1e-4", "--kl_coef", "0.05",
-            "--num_warmup_steps", "0", "--lr_scheduler_type", "constant", "--max_steps", "270",
+            "--num_warmup_steps", "0", "--lr_scheduler_type", "constant", "--num_train_epochs", "3",
+            "--max_steps", "270",
             "--print_interval", "10"],
     },
     "smollm2-135m": {
