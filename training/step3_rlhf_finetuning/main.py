@@ -212,7 +212,9 @@ def main(argv=None):
             stats["kl_coef"] = trainer.kl_controller.value
             history.append(stats)
             if step % args.print_interval == 0 or step == total_steps:
-                print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(**stats)}")
+                recent = mean_stats(history[-max(1, args.print_interval // args.generation_batches):])
+                print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps} (mean of the last "
+                             f"{args.print_interval}): {format_scalars(**recent)}")
             monitor.write(step, "ppo", **stats)
             if args.print_answers and step % args.print_answers_interval == 0:
                 print_sample(experiences[0], tokenizer)
@@ -266,20 +268,21 @@ def print_sample(experience, tokenizer):
     print_rank_0(f"  prompt: {prompt!r}\n  answer: {answer!r}")
 
 
+def mean_stats(rows):
+    """The mean of each statistic over the rows that have it."""
+    keys = dict.fromkeys(key for row in rows for key in row)
+    return {key: sum(row[key] for row in rows if key in row) / sum(key in row for row in rows) for key in keys}
+
+
 def summarize(history, wall_time):
     """Mean reward-model score and KL over the first and last tenth of the run, and the wall time."""
     if not history:
         return {"wall_time_s": wall_time}
     window = max(1, len(history) // 10)
-
-    def mean(rows, key):
-        return sum(row[key] for row in rows) / len(rows)
-
-    first, last = history[:window], history[-window:]
-    return {"score_start": mean(first, "score"), "score_end": mean(last, "score"),
-            "reward_start": mean(first, "reward"), "reward_end": mean(last, "reward"),
-            "kl_end": mean(last, "kl"), "answer_length_end": mean(last, "answer_length"),
-            "eos_fraction_end": mean(last, "eos_fraction"), "steps": len(history), "wall_time_s": wall_time}
+    first, last = mean_stats(history[:window]), mean_stats(history[-window:])
+    return {"score_start": first["score"], "score_end": last["score"], "reward_start": first["reward"],
+            "reward_end": last["reward"], "kl_end": last["kl"], "answer_length_end": last["answer_length"],
+            "eos_fraction_end": last["eos_fraction"], "steps": len(history), "wall_time_s": wall_time}
 
 
 if __name__ == "__main__":
