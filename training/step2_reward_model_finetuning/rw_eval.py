@@ -1,0 +1,287 @@
+"""Step 2 evaluation: what a trained reward model thinks of answers.
+
+Three modes, all scoring prompt + answer + EOS tokenized exactly as step 2 tokenizes its pairs, at the last real
+token (the end score step 2 trains and step 3 uses as the reward):
+
+- default: a few built-in task prompts, each with a good and a bad answer (as DeepSpeed-Chat's rw_eval.py);
+  prints both scores and whether the good answer scored higher.
+- `--pairs_file F` (JSON lines of prompt/chosen/rejected, the local data format): each pair's scores for the
+  first --num_examples, then the accuracy (chosen above rejected) and the mean chosen/rejected scores over the
+  file. Pairs step 2 would skip (identical answers, longer than --max_seq_len) are skipped and counted.
+- `--heldout` (the built-in task only): for every held-out prompt, answers at every checker level (exact, near
+  miss, right format only, junk, " I don't know.", truncated); prints the Pearson and Spearman correlations of
+  reward-model scores with checker scores, and the pairwise accuracy over pairs of answers to the same prompt
+  whose checker scores differ.
+
+    python training/step2_reward_model_finetuning/rw_eval.py --model_name_or_path output/reward-models/tiny --heldout
+"""
+import json
+import random
+
+import numpy as np
+import torch
+
+from inference.chatbot import ArgumentParser  # one-line errors, without importing DeepSpeed
+from utils import task
+from utils.data_utils import (SampleCounter, attention_mask_right, pad_right, pair_sample, tokenize_answer,
+                              tokenize_prompt)
+from utils.errors import ConfigError, DataError, cli_entry
+from utils.model_utils import REWARD_MODEL_KEY, is_reward_model_folder, load_tokenizer, resolve_model_path
+from utils.reward_model import RewardModel
+
+EXAMPLES = (
+    # (question, good answer, bad answer): the bad ones are near misses, answers that do not stop, wrong formats
+    ("What is 7 + 12?", " 19", " 21"),
+    ("What is 3 + 5?", " 8", " I don't know."),
+    ('Reverse the word "cat".', " tac", " cat"),
+    ('Reverse the word "plan".', " nalp", " nalp Human:"),
+    ("What is the capital of France?", " Paris", " Rome"),
+    ("Which city is the capital of Japan?", " Tokyo", " Japan"),
+    ('Say "apple" in uppercase.', " APPLE", " apple"),
+    ('Say "house" in uppercase.', " HOUSE", " HOUSE is the answer."),
+)
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model_name_or_path", type=str, required=True,
+                        help="A reward-model folder (step 2 output).")
+    parser.add_argument("--pairs_file", type=str, default=None,
+                        help="JSON lines (or a JSON array) of {prompt, chosen, rejected}, used verbatim.")
+    parser.add_argument("--heldout", action="store_true",
+                        help="Correlate the scores with the built-in task's checker on its held-out prompts.")
+    parser.add_argument("--num_examples", type=int, default=8,
+                        help="Pairs or held-out prompts printed one by one (0: none); the default mode scores "
+                             "this many of its 8 examples (0: all).")
+    parser.add_argument("--max_seq_len", type=int, default=256,
+                        help="Pairs longer than this (prompt + answer + EOS, in tokens) are skipped, as step 2 "
+                             "skips them.")
+    parser.add_argument("--batch_size", type=int, default=32, help="Sequences scored together.")
+    parser.add_argument("--seed", type=int, default=1234, help="Seed of the --heldout candidate answers.")
+    parser.add_argument("--output_json", type=str, default=None, help="Write every score here.")
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="Allow the model folder's own Python code to run (off by default).")
+    args = parser.parse_args(argv)
+    if args.pairs_file and args.heldout:
+        raise ConfigError("--pairs_file and --heldout are two different evaluations; pass one")
+    for flag in ("num_examples", "max_seq_len", "batch_size"):
+        if getattr(args, flag) < (0 if flag == "num_examples" else 1):
+            raise ConfigError(f"--{flag} must be positive, got {getattr(args, flag)}")
+    return args
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def load_reward_model(name_or_path, trust_remote_code=False):
+    """(model, tokenizer) of a step-2 output folder, the model in eval mode; any other folder is refused."""
+    path = resolve_model_path(name_or_path)
+    if not is_reward_model_folder(path):
+        raise ConfigError(f"{name_or_path} is not a reward model (its config.json has no '{REWARD_MODEL_KEY}' "
+                          "entry); pass a step-2 output folder")
+    tokenizer = load_tokenizer(path, trust_remote_code)
+    model = RewardModel.from_pretrained(path, tokenizer, trust_remote_code=trust_remote_code)
+    return model.eval(), tokenizer
+
+
+def score_sequences(model, sequences, pad_token_id, batch_size=32):
+    """End scores of token-id lists, right-padded in batches of `batch_size`, the model in eval mode and
+    without gradients (its training mode is restored afterwards)."""
+    was_training = model.training
+    device = next(model.parameters()).device
+    model.eval()
+    scores = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(sequences), batch_size):
+                chunk = sequences[start:start + batch_size]
+                _, end_scores = model.forward_value(pad_right(chunk, pad_token_id).to(device),
+                                                    attention_mask_right(chunk).to(device))
+                scores += end_scores.float().tolist()
+    finally:
+        model.train(was_training)
+    return scores
+
+
+def score_answers(model, tokenizer, prompts, answers, batch_size=32):
+    """The reward model's score of each answer to its prompt: prompt + answer + EOS, tokenized as step 2
+    tokenizes its pairs (`tokenize_prompt`, `tokenize_answer`), scored at the last real token."""
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    sequences = [tokenize_prompt(tokenizer, prompt) + tokenize_answer(tokenizer, answer)
+                 for prompt, answer in zip(prompts, answers)]
+    return score_sequences(model, sequences, tokenizer.pad_token_id, batch_size)
+
+
+# --------------------------------------------------------------------------- agreement with the checker
+
+
+def pearson(x, y):
+    """Pearson correlation sum(dx dy) / sqrt(sum(dx^2) sum(dy^2)), d = deviation from the mean (nan when
+    either side is constant)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    dx, dy = x - x.mean(), y - y.mean()
+    denominator = np.sqrt((dx * dx).sum() * (dy * dy).sum())
+    return float((dx * dy).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def average_ranks(values):
+    """Ranks from 1, ties sharing the mean of the ranks they span: [10, 20, 20, 30] -> [1, 2.5, 2.5, 4]."""
+    values = np.asarray(values, dtype=float)
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    start = 0
+    for end in range(1, len(values) + 1):
+        if end == len(values) or values[order[end]] != values[order[start]]:
+            ranks[order[start:end]] = (start + end + 1) / 2  # mean of the 1-based ranks start+1 .. end
+            start = end
+    return ranks
+
+
+def spearman(x, y):
+    """Spearman rank correlation: the Pearson correlation of the average ranks."""
+    return pearson(average_ranks(x), average_ranks(y))
+
+
+def pairwise_agreement(checker_scores, rm_scores):
+    """(agreeing, total) over pairs of answers whose checker scores differ: the reward model agrees when it
+    scores the better answer strictly higher."""
+    agreeing = total = 0
+    for i in range(len(checker_scores)):
+        for j in range(i + 1, len(checker_scores)):
+            if checker_scores[i] != checker_scores[j]:
+                total += 1
+                better, worse = (i, j) if checker_scores[i] > checker_scores[j] else (j, i)
+                agreeing += rm_scores[better] > rm_scores[worse]
+    return agreeing, total
+
+
+# --------------------------------------------------------------------------- the three modes
+
+
+def show(text, width=40):
+    """`text` as a quoted one-line repr of at most `width` characters."""
+    text = repr(text)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def eval_examples(model, tokenizer, args):
+    examples = EXAMPLES[:args.num_examples] if args.num_examples else EXAMPLES
+    prompts = [task.format_prompt(question) for question, _, _ in examples]
+    goods = score_answers(model, tokenizer, prompts, [good for _, good, _ in examples], args.batch_size)
+    bads = score_answers(model, tokenizer, prompts, [bad for _, _, bad in examples], args.batch_size)
+    print(f"{'prompt':40}  {'good answer':14} {'score':>7}   {'bad answer':24} {'score':>7}  good > bad")
+    results = []
+    for prompt, (_, good, bad), good_score, bad_score in zip(prompts, examples, goods, bads):
+        print(f"{show(prompt):40}  {show(good, 14):14} {good_score:7.3f}   {show(bad, 24):24} {bad_score:7.3f}  "
+              f"{'yes' if good_score > bad_score else 'NO'}")
+        results.append({"prompt": prompt, "good": good, "bad": bad, "good_score": good_score,
+                        "bad_score": bad_score})
+    wins = sum(good > bad for good, bad in zip(goods, bads))
+    print(f"good answer scored higher in {wins}/{len(examples)} examples")
+    return {"mode": "examples", "accuracy": wins / len(examples), "examples": results}
+
+
+def eval_pairs(model, tokenizer, args):
+    from utils.raw_datasets import read_local_split
+
+    rows = read_local_split(args.pairs_file)
+    counter = SampleCounter(args.pairs_file)
+    kept = []
+    for row in rows:
+        sample = pair_sample(tokenizer, row["prompt"], row["chosen"], row["rejected"], args.max_seq_len, counter)
+        if sample is not None:
+            kept.append((row, sample))
+    print(counter.summary())
+    if not kept:
+        raise DataError(f"{args.pairs_file}: no pair left to score (see the skipped counts above)")
+    chosen = score_sequences(model, [s["chosen_ids"] for _, s in kept], tokenizer.pad_token_id, args.batch_size)
+    rejected = score_sequences(model, [s["rejected_ids"] for _, s in kept], tokenizer.pad_token_id,
+                               args.batch_size)
+    pairs = [dict(row, chosen_score=c, rejected_score=r) for (row, _), c, r in zip(kept, chosen, rejected)]
+    if args.num_examples:
+        print(f"{'prompt':40}  {'chosen':20} {'score':>7}   {'rejected':20} {'score':>7}  chosen > rejected")
+    for pair in pairs[:args.num_examples]:
+        print(f"{show(pair['prompt']):40}  {show(pair['chosen'], 20):20} {pair['chosen_score']:7.3f}   "
+              f"{show(pair['rejected'], 20):20} {pair['rejected_score']:7.3f}  "
+              f"{'yes' if pair['chosen_score'] > pair['rejected_score'] else 'NO'}")
+    summary = {"accuracy": float(np.mean([c > r for c, r in zip(chosen, rejected)])),
+               "chosen_score": float(np.mean(chosen)), "rejected_score": float(np.mean(rejected)),
+               "num_pairs": len(pairs), "skipped": counter.skipped}
+    print(f"accuracy {summary['accuracy']:.4f} over {len(pairs)} pairs; mean score chosen "
+          f"{summary['chosen_score']:.3f}, rejected {summary['rejected_score']:.3f}")
+    return {"mode": "pairs", "pairs_file": args.pairs_file, **summary, "pairs": pairs}
+
+
+def eval_heldout(model, tokenizer, args):
+    from utils.raw_datasets import builtin_data_dir
+
+    rng = random.Random(args.seed)
+    records = task.heldout_prompts(builtin_data_dir())
+    groups = [(record, task.candidate_answers(record["prompt"], rng)) for record in records]
+    prompts = [record["prompt"] for record, answers in groups for _ in answers]
+    answers = [answer for _, group_answers in groups for answer in group_answers]
+    checker = [task.score_answer(prompt, answer) for prompt, answer in zip(prompts, answers)]
+    rm = score_answers(model, tokenizer, prompts, answers, args.batch_size)
+
+    by_skill, start, shown = {}, 0, []
+    for record, group_answers in groups:
+        end = start + len(group_answers)
+        agreeing, total = pairwise_agreement(checker[start:end], rm[start:end])
+        counts = by_skill.setdefault(record["skill"], [0, 0])
+        counts[0], counts[1] = counts[0] + agreeing, counts[1] + total
+        if len(shown) < args.num_examples:
+            ranked = sorted(range(start, end), key=lambda k: -rm[k])
+            shown.append(f"{agreeing}/{total} pairs in order  {show(record['prompt'], 44):44}  by RM score: "
+                         + "  ".join(f"{answers[k]!r}({checker[k]:g})" for k in ranked))
+        start = end
+    agreeing, total = (sum(counts[i] for counts in by_skill.values()) for i in (0, 1))
+    levels = sorted(set(checker), reverse=True)
+    result = {
+        "mode": "heldout", "num_prompts": len(records), "num_answers": len(answers),
+        "pearson": pearson(rm, checker), "spearman": spearman(rm, checker),
+        "pairwise_accuracy": agreeing / total, "num_pairs": total,
+        "pairwise_accuracy_by_skill": {skill: a / t for skill, (a, t) in by_skill.items()},
+        "mean_score_by_checker_level": {
+            str(level): float(np.mean([s for s, c in zip(rm, checker) if c == level])) for level in levels},
+        "answers": [{"prompt": p, "answer": a, "checker_score": c, "rm_score": s}
+                    for p, a, c, s in zip(prompts, answers, checker, rm)],
+    }
+    if shown:
+        print("\n".join(shown))
+    print(f"{len(records)} held-out prompts, {len(answers)} answers; checker score 1 exact, 0.5 near miss, "
+          "0.25 right format only, 0 otherwise")
+    print("mean RM score by checker score: " + ", ".join(
+        f"{level:g}: {result['mean_score_by_checker_level'][str(level)]:.3f} ({checker.count(level)})"
+        for level in levels))
+    print(f"pearson {result['pearson']:.4f}  spearman {result['spearman']:.4f}  "
+          f"pairwise accuracy {result['pairwise_accuracy']:.4f} over {total} pairs ("
+          + ", ".join(f"{skill} {value:.3f}" for skill, value in result["pairwise_accuracy_by_skill"].items())
+          + ")")
+    return result
+
+
+@cli_entry
+def main(argv=None):
+    args = parse_args(argv)
+    from utils.utils import quiet_transformers
+
+    quiet_transformers()
+    model, tokenizer = load_reward_model(args.model_name_or_path, args.trust_remote_code)
+    if torch.cuda.is_available():
+        model.cuda()
+    print(f"reward model {args.model_name_or_path}")
+    if args.heldout:
+        result = eval_heldout(model, tokenizer, args)
+    elif args.pairs_file:
+        result = eval_pairs(model, tokenizer, args)
+    else:
+        result = eval_examples(model, tokenizer, args)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({"model": args.model_name_or_path, **result}, f, indent=2)
+        print(f"wrote {args.output_json}")
+
+
+if __name__ == "__main__":
+    main()
