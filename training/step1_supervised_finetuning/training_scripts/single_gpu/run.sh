@@ -8,5 +8,4 @@ OUTPUT=${1:-./output/actor-models/tiny}
 ZERO_STAGE=${2:-0}
 MODEL=${3:-tiny}
 shift $(( $# < 3 ? $# : 3 ))
-[ -n "${DRY_RUN:-}" ] || mkdir -p "$OUTPUT"
 launch single_gpu "$STEP_DIR/main.py" --model_name_or_path "$MODEL" --zero_stage "$ZERO_STAGE" --output_dir "$OUTPUT" "$@"

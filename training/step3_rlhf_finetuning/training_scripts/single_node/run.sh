@@ -10,6 +10,5 @@ ACTOR_ZERO_STAGE=${3:-2}
 CRITIC_ZERO_STAGE=${4:-2}
 OUTPUT=${5:-./output/step3-models/tiny}
 shift $(( $# < 5 ? $# : 5 ))
-[ -n "${DRY_RUN:-}" ] || mkdir -p "$OUTPUT"
 launch single_node "$STEP_DIR/main.py" --actor_model_name_or_path "$ACTOR" --critic_model_name_or_path "$CRITIC" \
     --actor_zero_stage "$ACTOR_ZERO_STAGE" --critic_zero_stage "$CRITIC_ZERO_STAGE" --output_dir "$OUTPUT" "$@"
