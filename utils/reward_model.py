@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils.errors import ConfigError
-from utils.model_utils import REWARD_MODEL_KEY, create_hf_model, is_reward_model_folder, model_forward_kwargs
+from utils.data_utils import attention_mask_right, pad_right, tokenize_answer, tokenize_prompt
+from utils.model_utils import (REWARD_MODEL_KEY, create_hf_model, is_reward_model_folder, load_tokenizer,
+                               model_forward_kwargs, resolve_model_path)
 from utils.save import load_safetensors, save_safetensors
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -93,3 +95,43 @@ class RewardModel(nn.Module):
             "num_padding_at_beginning": self.num_padding_at_beginning})
         self.rwtransformer.save_pretrained(save_dir, state_dict=backbone_state)
         save_safetensors({"weight": state_dict["v_head.weight"]}, Path(save_dir) / VALUE_HEAD_FILE)
+
+
+def load_reward_model(name_or_path, trust_remote_code=False):
+    """(model, tokenizer) of a step-2 output folder, the model in eval mode; any other folder is refused."""
+    path = resolve_model_path(name_or_path)
+    if not is_reward_model_folder(path):
+        raise ConfigError(f"{name_or_path} is not a reward model (its config.json has no '{REWARD_MODEL_KEY}' "
+                          "entry); pass a step-2 output folder")
+    tokenizer = load_tokenizer(path, trust_remote_code)
+    model = RewardModel.from_pretrained(path, tokenizer, trust_remote_code=trust_remote_code)
+    return model.eval(), tokenizer
+
+
+def score_sequences(model, sequences, pad_token_id, batch_size=32):
+    """End scores of token-id lists, right-padded in batches of `batch_size`, the model in eval mode and
+    without gradients (its training mode is restored afterwards)."""
+    was_training = model.training
+    device = next(model.parameters()).device
+    model.eval()
+    scores = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(sequences), batch_size):
+                chunk = sequences[start:start + batch_size]
+                _, end_scores = model.forward_value(pad_right(chunk, pad_token_id).to(device),
+                                                    attention_mask_right(chunk).to(device))
+                scores += end_scores.float().tolist()
+    finally:
+        model.train(was_training)
+    return scores
+
+
+def score_answers(model, tokenizer, prompts, answers, batch_size=32):
+    """The reward model's score of each answer to its prompt: prompt + answer + EOS, tokenized as step 2
+    tokenizes its pairs (`tokenize_prompt`, `tokenize_answer`), scored at the last real token."""
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    sequences = [tokenize_prompt(tokenizer, prompt) + tokenize_answer(tokenizer, answer)
+                 for prompt, answer in zip(prompts, answers)]
+    return score_sequences(model, sequences, tokenizer.pad_token_id, batch_size)

@@ -35,6 +35,8 @@ def parse_args(argv=None):
     parser.add_argument("--num_show", type=int, default=8, help="Prompts printed with both models' answers.")
     parser.add_argument("--output_json", type=str, default=None,
                         help="Write the scores and all answers here (see inference.evaluation.evaluate_models).")
+    parser.add_argument("--reward_model", type=str, default=None,
+                        help="A reward-model folder (step 2 output): also report each model's mean reward.")
     parser.add_argument("--dtype", type=str, default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="Allow the model folders' own Python code to run (off by default).")
@@ -57,9 +59,18 @@ def main(argv=None):
     from utils.utils import quiet_transformers
 
     quiet_transformers()
+    reward_fn = None
+    if args.reward_model:
+        from utils.reward_model import load_reward_model, score_answers
+
+        reward_model, reward_tokenizer = load_reward_model(args.reward_model, args.trust_remote_code)
+
+        def reward_fn(prompts, answers):
+            return score_answers(reward_model, reward_tokenizer, prompts, answers, args.batch_size)
+
     results = evaluate_models(models, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, greedy_only=args.greedy, seed=args.seed,
-                              batch_size=args.batch_size, dtype=args.dtype,
+                              batch_size=args.batch_size, reward_fn=reward_fn, dtype=args.dtype,
                               trust_remote_code=args.trust_remote_code)
 
     print(f"{len(prompts)} prompts; baseline = {models['baseline']}, finetune = {models['finetune']}")
@@ -67,7 +78,8 @@ def main(argv=None):
         print(format_side_by_side(prompts, results, args.num_show))
     table = format_score_table(results)
     if table:
-        print("\nmean checker score (1 exact, 0.5 near miss, 0.25 right format only, 0 otherwise)")
+        print("\nmean checker score (1 exact, 0.5 near miss, 0.25 right format only, 0 otherwise)"
+              + ("; reward: mean reward-model score" if args.reward_model else ""))
         print(table)
     else:
         print("\n(no scores: the prompts are not all built-in task prompts)")

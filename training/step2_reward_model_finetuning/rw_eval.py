@@ -21,13 +21,11 @@ import random
 import numpy as np
 import torch
 
-from inference.chatbot import ArgumentParser  # one-line errors, without importing DeepSpeed
 from utils import task
-from utils.data_utils import (SampleCounter, attention_mask_right, pad_right, pair_sample, tokenize_answer,
-                              tokenize_prompt)
+from utils.args import ArgumentParser
+from utils.data_utils import SampleCounter, pair_sample
 from utils.errors import ConfigError, DataError, cli_entry
-from utils.model_utils import REWARD_MODEL_KEY, is_reward_model_folder, load_tokenizer, resolve_model_path
-from utils.reward_model import RewardModel
+from utils.reward_model import load_reward_model, score_answers, score_sequences
 
 EXAMPLES = (
     # (question, good answer, bad answer): the bad ones are near misses, answers that do not stop, wrong formats
@@ -68,49 +66,6 @@ def parse_args(argv=None):
         if getattr(args, flag) < (0 if flag == "num_examples" else 1):
             raise ConfigError(f"--{flag} must be positive, got {getattr(args, flag)}")
     return args
-
-
-# --------------------------------------------------------------------------- scoring
-
-
-def load_reward_model(name_or_path, trust_remote_code=False):
-    """(model, tokenizer) of a step-2 output folder, the model in eval mode; any other folder is refused."""
-    path = resolve_model_path(name_or_path)
-    if not is_reward_model_folder(path):
-        raise ConfigError(f"{name_or_path} is not a reward model (its config.json has no '{REWARD_MODEL_KEY}' "
-                          "entry); pass a step-2 output folder")
-    tokenizer = load_tokenizer(path, trust_remote_code)
-    model = RewardModel.from_pretrained(path, tokenizer, trust_remote_code=trust_remote_code)
-    return model.eval(), tokenizer
-
-
-def score_sequences(model, sequences, pad_token_id, batch_size=32):
-    """End scores of token-id lists, right-padded in batches of `batch_size`, the model in eval mode and
-    without gradients (its training mode is restored afterwards)."""
-    was_training = model.training
-    device = next(model.parameters()).device
-    model.eval()
-    scores = []
-    try:
-        with torch.no_grad():
-            for start in range(0, len(sequences), batch_size):
-                chunk = sequences[start:start + batch_size]
-                _, end_scores = model.forward_value(pad_right(chunk, pad_token_id).to(device),
-                                                    attention_mask_right(chunk).to(device))
-                scores += end_scores.float().tolist()
-    finally:
-        model.train(was_training)
-    return scores
-
-
-def score_answers(model, tokenizer, prompts, answers, batch_size=32):
-    """The reward model's score of each answer to its prompt: prompt + answer + EOS, tokenized as step 2
-    tokenizes its pairs (`tokenize_prompt`, `tokenize_answer`), scored at the last real token."""
-    if len(prompts) != len(answers):
-        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
-    sequences = [tokenize_prompt(tokenizer, prompt) + tokenize_answer(tokenizer, answer)
-                 for prompt, answer in zip(prompts, answers)]
-    return score_sequences(model, sequences, tokenizer.pad_token_id, batch_size)
 
 
 # --------------------------------------------------------------------------- agreement with the checker
