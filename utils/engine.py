@@ -38,3 +38,38 @@ def count_training_steps(batches_per_epoch, gradient_accumulation_steps, num_tra
     """Optimizer steps of the whole run: epochs x ceil(batches / accumulation), capped by max_steps if set."""
     total = num_train_epochs * math.ceil(batches_per_epoch / gradient_accumulation_steps)
     return min(total, max_steps) if max_steps > 0 else total
+
+
+def start_run(args):
+    """What every step does first: join the distributed world, settle the dtype, seed everything, quiet
+    transformers. Returns (rank, world_size, device)."""
+    from utils.ds_utils import resolve_dtype
+    from utils.utils import init_distributed, quiet_transformers, set_random_seed
+
+    rank, world_size, _, device = init_distributed()
+    args.dtype = resolve_dtype(args.dtype)
+    set_random_seed(args.seed)
+    quiet_transformers()
+    return rank, world_size, device
+
+
+def train_ds_config_from_args(args, world_size):
+    """The DeepSpeed config of steps 1 and 2 from their flags, with the user's --deepspeed_config on top."""
+    from utils.ds_utils import get_train_ds_config, merge_user_ds_config
+
+    config = get_train_ds_config(micro_batch_size=args.per_device_train_batch_size,
+                                 gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                 world_size=world_size, dtype=args.dtype, stage=args.zero_stage,
+                                 offload=args.offload)
+    return merge_user_ds_config(config, args.deepspeed_config)
+
+
+def write_metrics(output_dir, metrics):
+    """The step's measured figures as <output_dir>/metrics.json (rank 0 only), for train.py's report."""
+    import json
+
+    from utils.utils import is_rank_0
+
+    if is_rank_0():
+        with open(f"{output_dir}/metrics.json", "w") as f:
+            json.dump(metrics, f, indent=2)

@@ -5,7 +5,6 @@ is the Bradley-Terry pairwise loss -log sigmoid(r_chosen - r_rejected), averaged
 mean chosen/rejected scores on the eval split are measured before training, every --eval_interval steps and at
 the end. The result is a reward-model folder in --output_dir that step 3 and rw_eval.py load.
 """
-import json
 import time
 
 import torch
@@ -13,15 +12,14 @@ import torch
 from utils.args import (ArgumentParser, add_data_args, add_deepspeed_args, add_logging_args, add_lora_args,
                         add_model_args, add_training_args, check_common_args)
 from utils.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
-from utils.ds_utils import get_train_ds_config, merge_user_ds_config, resolve_dtype
-from utils.engine import count_training_steps, init_train_engine, prepare_trainable
+from utils.engine import (count_training_steps, init_train_engine, prepare_trainable, start_run,
+                          train_ds_config_from_args, write_metrics)
 from utils.errors import ConfigError, cli_entry
 from utils.model_utils import count_parameters, load_tokenizer, resolve_model_path
 from utils.monitor import Monitor, Throughput, format_scalars
 from utils.reward_model import RewardModel
 from utils.save import save_hf_model
-from utils.utils import (all_reduce_mean, assert_finite, init_distributed, print_rank_0, quiet_transformers,
-                         set_random_seed, to_device)
+from utils.utils import all_reduce_mean, assert_finite, print_rank_0, to_device
 
 
 def parse_args(argv=None):
@@ -71,10 +69,7 @@ def evaluate_reward(engine, eval_loader, device, eval_iters=0):
 def main(argv=None):
     args = parse_args(argv)
     start_time = time.time()
-    rank, world_size, _, device = init_distributed()
-    args.dtype = resolve_dtype(args.dtype)
-    set_random_seed(args.seed)
-    quiet_transformers()
+    _, world_size, device = start_run(args)
 
     # Data
     model_path = resolve_model_path(args.model_name_or_path)
@@ -86,11 +81,7 @@ def main(argv=None):
     eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
 
     # Model and engine
-    ds_config = get_train_ds_config(micro_batch_size=args.per_device_train_batch_size,
-                                    gradient_accumulation_steps=args.gradient_accumulation_steps,
-                                    world_size=world_size, dtype=args.dtype, stage=args.zero_stage,
-                                    offload=args.offload)
-    ds_config = merge_user_ds_config(ds_config, args.deepspeed_config)
+    ds_config = train_ds_config_from_args(args, world_size)
     model = RewardModel.from_pretrained(model_path, tokenizer, ds_config, args.dropout,
                                         args.num_padding_at_beginning, args.trust_remote_code)
     prepare_trainable(model, lora_dim=args.lora_dim, lora_module_name=args.lora_module_name,
@@ -154,9 +145,7 @@ def main(argv=None):
 
     # Save
     save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
-    if rank == 0:
-        with open(f"{args.output_dir}/metrics.json", "w") as f:
-            json.dump(metrics, f, indent=2)
+    write_metrics(args.output_dir, metrics)
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
 
 

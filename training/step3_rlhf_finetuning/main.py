@@ -8,7 +8,6 @@ with the critic, then runs --ppo_epochs passes of clipped-PPO updates over minib
 """
 import argparse
 import itertools
-import json
 import math
 import random
 import time
@@ -21,13 +20,13 @@ from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine, movi
 from utils.args import ArgumentParser, SCHEDULERS, add_data_args, check_common_args
 from utils.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset,
                               make_dataloader)
-from utils.ds_utils import DTYPES, resolve_dtype
+from utils.ds_utils import DTYPES
+from utils.engine import start_run, write_metrics
 from utils.errors import ConfigError, cli_entry
 from utils.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
 from utils.monitor import Monitor, format_scalars
 from utils.save import save_hf_model
-from utils.utils import all_reduce_mean, init_distributed, print_rank_0, quiet_transformers, set_random_seed, \
-    to_device
+from utils.utils import all_reduce_mean, print_rank_0, to_device
 
 
 def parse_args(argv=None):
@@ -159,10 +158,7 @@ def make_kl_controller(args):
 def main(argv=None):
     args = parse_args(argv)
     start_time = time.time()
-    rank, world_size, _, device = init_distributed()
-    args.dtype = resolve_dtype(args.dtype)
-    set_random_seed(args.seed)
-    quiet_transformers()
+    _, world_size, device = start_run(args)
 
     # Data
     actor_path, critic_path = resolve_step_models(args)
@@ -227,9 +223,7 @@ def main(argv=None):
             save_hf_model(model_engine.module, tokenizer, f"{args.output_dir}/{name}",
                           model_engine.zero_optimization_stage())
     metrics = summarize(history, time.time() - start_time)
-    if rank == 0:
-        with open(f"{args.output_dir}/metrics.json", "w") as f:
-            json.dump(metrics, f, indent=2)
+    write_metrics(args.output_dir, metrics)
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
 
 
