@@ -8,6 +8,7 @@ Each step runs its `training_scripts/<deployment>/run.sh`, which calls the `deep
 `actor-models/<name>`, `reward-models/<name>`, `step3-models/<name>/{actor,critic,actor_ema}`.
 """
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -78,14 +79,14 @@ def step_command(args, step, dirs):
 
 
 def run_step(args, step, command, out_dir):
-    """Run one step with its output in `out_dir/training.log`; return True on success."""
+    """Run one step with its output in `out_dir/training.log`; return its wall time, or None on failure."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.hostfile:
         env["HOSTFILE"] = args.hostfile
     if args.dry_run:
         env["DRY_RUN"] = "1"
         print(subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout.strip())
-        return True
+        return 0.0
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "training.log"
     print(f"---- step {step}: {STEP_DIRS[step]} -> {out_dir} (log: {log_path})", flush=True)
@@ -102,9 +103,9 @@ def run_step(args, step, command, out_dir):
         print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]))
         hint = errors[-1] if errors else "see the log above for the traceback"
         print(f"hint: {hint}; re-run this step alone with --step {step}", flush=True)
-        return False
+        return None
     print(f"step {step} done in {elapsed:.1f} s", flush=True)
-    return True
+    return elapsed
 
 
 def evaluation_command(args, dirs):
@@ -119,22 +120,44 @@ def evaluation_command(args, dirs):
         return None
     script = ROOT / "training" / STEP_DIRS[1] / "prompt_eval.py"
     return [sys.executable, str(script), "--model_name_or_path_baseline", str(baseline),
-            "--model_name_or_path_finetune", str(finetune), *reward]
+            "--model_name_or_path_finetune", str(finetune), *reward,
+            "--output_json", str(Path(args.output_dir) / "evaluation.json")]
 
 
 def main(argv=None):
     args = parse_args(argv)
     dirs = output_dirs(args)
+    wall_times = {}
     for step in args.step:
-        if not run_step(args, step, step_command(args, step, dirs), dirs[step]):
+        wall_times[step] = run_step(args, step, step_command(args, step, dirs), dirs[step])
+        if wall_times[step] is None:
             return 1
     command = None if args.no_eval else evaluation_command(args, dirs)
-    if command and not args.dry_run:
-        print("---- evaluation: " + shlex.join(command), flush=True)
-        return subprocess.run(command).returncode
+    if args.dry_run:
+        if command:
+            print(shlex.join(command))
+        return 0
     if command:
-        print(shlex.join(command))
+        print("---- evaluation: " + shlex.join(command), flush=True)
+        start = time.time()
+        if subprocess.run(command).returncode != 0:
+            return 1
+        wall_times["evaluation"] = time.time() - start
+    write_report(args, dirs, wall_times, None if command is None else Path(args.output_dir) / "evaluation.json")
     return 0
+
+
+def write_report(args, dirs, wall_times, evaluation_path):
+    """Print the run's table and keep it as <output-dir>/report.md."""
+    from utils.report import pipeline_report
+
+    evaluation = None
+    if evaluation_path is not None and evaluation_path.is_file():
+        evaluation = json.loads(evaluation_path.read_text())
+    command = shlex.join(["python", "train.py", *(sys.argv[1:])])
+    report = pipeline_report(dirs, wall_times, evaluation, command)
+    (Path(args.output_dir) / "report.md").write_text(report)
+    print(f"---- report ({Path(args.output_dir) / 'report.md'})\n{report}", flush=True)
 
 
 if __name__ == "__main__":
