@@ -209,8 +209,8 @@ def main(argv=None):
             history.append(stats)
             if step % args.print_interval == 0 or step == total_steps:
                 recent = mean_stats(history[-max(1, args.print_interval // args.generation_batches):])
-                print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps} (mean of the last "
-                             f"{args.print_interval}): {format_scalars(**recent)}")
+                window = f" (mean of the last {args.print_interval})" if args.print_interval > 1 else ""
+                print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}{window}: {format_scalars(**recent)}")
             monitor.write(step, "ppo", **stats)
             if args.print_answers and step % args.print_answers_interval == 0:
                 print_sample(experiences[0], tokenizer)

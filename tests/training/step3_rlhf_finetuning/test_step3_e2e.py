@@ -87,7 +87,7 @@ def test_single_gpu_run_with_ema_unsupervised_loss_and_adaptive_kl(step3_model_d
                        "builtin", "--adaptive_kl_target", "0.5", "--adaptive_kl_horizon", "100", "--ppo_epochs", "2")
     assert "actor: DeepSpeedEngine, ZeRO-0" in result.stdout
     check_outputs(out, step3_model_dirs, tiny_tokenizer, with_ema=True)
-    steps = [line for line in result.stdout.splitlines() if re.search(r"step \d/2:", line)]
+    steps = [line for line in result.stdout.splitlines() if re.search(r"step \d/2\b", line)]
     assert len(steps) == 2 and all("unsup_loss=" in line for line in steps)
     # The adaptive controller moved the coefficient off its start value (--kl_coef 0.1) after the first round.
     kl_coefs = [float(re.search(r"kl_coef=(\S+)", line).group(1)) for line in steps]

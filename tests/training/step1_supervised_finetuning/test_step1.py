@@ -1,0 +1,126 @@
+"""Step 1 end to end through train.py and the launch scripts, and its answers to bad input."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+MAIN = ROOT / "training" / "step1_supervised_finetuning" / "main.py"
+QUICK = "--max_steps 12 --per_device_train_batch_size 16 --per_device_eval_batch_size 32 --max_seq_len 64 " \
+        "--print_interval 4 --learning_rate 2e-3"
+
+
+def run(command, **kwargs):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def train_step1(tmp_path, deployment, zero_stage):
+    out = tmp_path / "out"
+    result = run([sys.executable, "train.py", "--step", "1", "--deployment-type", deployment,
+                  "--actor-zero-stage", str(zero_stage), "--output-dir", str(out), "--no-eval",
+                  "--step1-args", f"{QUICK} --data_output_path {tmp_path / 'data'}"])
+    actor = out / "actor-models" / "tiny"
+    assert result.returncode == 0, result.stdout[-3000:] + (actor / "training.log").read_text()[-3000:]
+    return actor, result
+
+
+def assert_trained_actor(actor):
+    metrics = json.loads((actor / "metrics.json").read_text())
+    assert metrics["perplexity_after"] < metrics["perplexity_before"] / 2
+    assert (actor / "model.safetensors").is_file() and (actor / "tokenizer.json").is_file()
+    assert "training.log" in os.listdir(actor)
+    answer = run([sys.executable, "chat.py", "--path", str(actor), "--prompt", "What is 3 + 4?", "--greedy",
+                  "--max_new_tokens", "8"])
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.count("\n") == 1  # one answer line (a 12-step model may well answer with EOS at once)
+
+
+def test_step1_one_process_through_train_py(tmp_path):
+    actor, result = train_step1(tmp_path, "single_gpu", 0)
+    assert "step 1 done" in result.stdout
+    assert "OMP_NUM_THREADS=1" in (actor / "training.log").read_text()  # the caller's setting is kept
+    assert_trained_actor(actor)
+
+
+def test_step1_two_processes_zero2_through_train_py(tmp_path):
+    actor, _ = train_step1(tmp_path, "single_node", 2)
+    assert "2 process(es)" in (actor / "training.log").read_text()
+    assert_trained_actor(actor)
+
+
+@pytest.mark.e2e
+def test_step1_two_processes_zero3_through_train_py(tmp_path):
+    actor, _ = train_step1(tmp_path, "single_node", 3)
+    assert "ZeRO-3, 2 process(es)" in (actor / "training.log").read_text()
+    assert_trained_actor(actor)
+
+
+def write_pairs(path, rows):
+    path.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "eval"):
+        (path / f"{split}.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+GOOD_ROW = {"prompt": " Human: What is 1 + 2? Assistant:", "chosen": " 3", "rejected": " 4"}
+
+
+@pytest.mark.parametrize("case, flags, message", [
+    ("missing data file", ["--data_path", "{tmp}/nowhere"], "nowhere"),
+    ("malformed row", ["--data_path", "{tmp}/malformed"], "line 2"),
+    ("row missing a field", ["--data_path", "{tmp}/nofield"], "'chosen'"),
+    ("bad data_split", ["--data_split", "2,4"], "--data_split"),
+    ("unknown model path", ["--model_name_or_path", "./no/such/model"], "does not exist"),
+    ("fp16 on a CPU", ["--dtype", "fp16"], "--dtype fp16"),
+    ("offload without ZeRO", ["--offload"], "--offload"),
+    ("LoRA-only without LoRA", ["--only_optimize_lora"], "--lora_dim"),
+    ("prompt fills max_seq_len", ["--data_path", "{tmp}/good", "--max_seq_len", "4"], "no train data"),
+])
+def test_bad_input_is_one_line_and_leaves_no_output(tmp_path, case, flags, message):
+    write_pairs(tmp_path / "good", [GOOD_ROW] * 4)
+    write_pairs(tmp_path / "nofield", [GOOD_ROW, {"prompt": " Human: x Assistant:", "rejected": " y"}])
+    (tmp_path / "malformed").mkdir()
+    for split in ("train", "eval"):
+        (tmp_path / "malformed" / f"{split}.json").write_text(json.dumps(GOOD_ROW) + "\n{not json\n")
+    out = tmp_path / "out"
+    flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
+    result = run([sys.executable, str(MAIN), "--output_dir", str(out), "--max_steps", "1",
+                  "--data_output_path", str(tmp_path / "cache"), *flags])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2, f"{case}: {result.stderr[-2000:]}"
+    assert len(errors) == 1 and message in errors[0], f"{case}: {errors}"
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_dry_run_prints_the_launcher_commands_of_each_deployment():
+    commands = {}
+    for deployment in ("single_gpu", "single_node", "multi_node"):
+        result = run([sys.executable, "train.py", "--dry-run", "--deployment-type", deployment,
+                      "--actor-model", "facebook/opt-1.3b", "--reward-model", "facebook/opt-350m",
+                      "--hostfile", "/etc/hosts.ds"])
+        assert result.returncode == 0, result.stderr
+        commands[deployment] = result.stdout.splitlines()
+    single_gpu, single_node, multi_node = commands["single_gpu"], commands["single_node"], commands["multi_node"]
+    assert len(single_gpu) == 4  # three steps, then the evaluation
+    assert "deepspeed --num_gpus 1" in single_gpu[0] and "--zero_stage 0" in single_gpu[0]
+    assert "--num_gpus" in single_node[0] and "--zero_stage 2" in single_node[0]
+    assert "--hostfile /etc/hosts.ds" in multi_node[0] and "--num_gpus" not in multi_node[0]
+    assert "--model_name_or_path facebook/opt-1.3b" in single_gpu[0]
+    assert "--output_dir output/actor-models/opt-1.3b" in single_gpu[0]
+    assert "--model_name_or_path facebook/opt-350m" in single_gpu[1]
+    assert "--output_dir output/reward-models/opt-350m" in single_gpu[1]
+    assert ("--actor_model_name_or_path output/actor-models/opt-1.3b "
+            "--critic_model_name_or_path output/reward-models/opt-350m") in single_gpu[2]
+    assert "--enable_hybrid_engine" in single_gpu[2]  # DeepSpeed-Chat's recipe for real models
+    assert "--model_name_or_path_finetune output/step3-models/opt-1.3b/actor" in single_gpu[3]
+    for line in single_gpu[:3]:
+        assert line.startswith("OMP_NUM_THREADS=")
+
+
+def test_launch_scripts_parse():
+    for script in ROOT.glob("training/*/training_scripts/*/run.sh"):
+        assert run(["bash", "-n", str(script)]).returncode == 0, script
