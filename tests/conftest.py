@@ -82,3 +82,24 @@ def step3_model_dirs(tmp_path_factory, tiny_tokenizer):
     reward_model = RewardModel.from_pretrained(str(actor_dir), tokenizer)  # the backbone and a new value head
     save_hf_model(reward_model, tokenizer, critic_dir, 0)
     return actor_dir, critic_dir
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The tiny model gains nothing from threads, and on a busy machine they cost a lot: one, then restore."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """(model, tokenizer) of the built-in tiny model as inference loads it, once per session."""
+    from inference.generation import load_causal_lm
+    from utils.utils import quiet_transformers
+
+    quiet_transformers()
+    return load_causal_lm("tiny")

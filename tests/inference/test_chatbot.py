@@ -5,31 +5,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from inference import chatbot
 from inference.chatbot import ChatBot
-from inference.generation import format_prompt, generate, load_causal_lm, max_prompt_tokens, tokenize_prompts
+from inference.generation import format_prompt, generate, max_prompt_tokens, tokenize_prompts
 from utils import task
-from utils.utils import quiet_transformers
 
 REPO = Path(__file__).resolve().parents[2]
 Q1, Q2, Q3 = "What is 3 + 4?", 'Reverse the word "cat".', "What is the capital of France?"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a busy machine they cost a lot: one, then restore."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def tiny():
-    quiet_transformers()
-    return load_causal_lm("tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run_chat(*args, stdin=""):

@@ -9,7 +9,6 @@ from inference.generation import (format_prompt, generate, load_causal_lm, max_p
 from utils import task
 from utils.errors import ChatRLHFError, ConfigError
 from utils.model_utils import REWARD_MODEL_KEY, load_tokenizer, resolve_model_path
-from utils.utils import quiet_transformers
 
 PROMPTS = [
     task.format_prompt("What is 7 + 12?"),
@@ -20,20 +19,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a busy machine they cost a lot: one, then restore."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def tiny():
-    """(model, tokenizer) of the built-in tiny model, loaded once."""
-    quiet_transformers()
-    return load_causal_lm("tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,15 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
-from inference.generation import load_causal_lm
 from utils import task
 from utils.errors import DataError
 from utils.model_utils import resolve_model_path
-from utils.utils import quiet_transformers
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "training" / "step1_supervised_finetuning" / "prompt_eval.py"
@@ -26,19 +23,7 @@ def run_prompt_eval(*args):
                           timeout=180)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a busy machine they cost a lot: one, then restore."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def tiny():
-    quiet_transformers()
-    return load_causal_lm("tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_checker_scores_are_task_scores_of_the_returned_answers(tiny):
