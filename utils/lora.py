@@ -54,9 +54,11 @@ def convert_linear_layer_to_lora(model, module_names, lora_dim, lora_scaling=1.0
 
 
 def only_optimize_lora_parameters(model):
-    """Freeze everything but the LoRA factors."""
+    """Freeze everything but the LoRA factors and the parameters a model names in `always_trainable` (name
+    prefixes: a reward model's new value head must learn even when its backbone is frozen)."""
+    keep = tuple(getattr(model, "always_trainable", ()))
     for name, param in model.named_parameters():
-        param.requires_grad = "lora_right_weight" in name or "lora_left_weight" in name
+        param.requires_grad = "lora_right_weight" in name or "lora_left_weight" in name or name.startswith(keep)
     return model
 
 

@@ -33,6 +33,7 @@ def pairwise_loss(chosen_scores, rejected_scores):
 
 
 class RewardModel(nn.Module):
+    always_trainable = ("v_head.",)  # trained even under --only_optimize_lora (see utils.lora)
 
     def __init__(self, backbone, num_padding_at_beginning=0, base_model_name=None):
         super().__init__()

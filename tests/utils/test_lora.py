@@ -103,3 +103,17 @@ def test_a_filter_matching_no_linear_is_refused(small_config, kind, names):
     with pytest.raises(ConfigError, match="--lora_module_name"):
         convert_linear_layer_to_lora(model, names, lora_dim=4)
     assert not has_lora(model)
+
+
+def test_only_optimize_lora_keeps_the_parameters_a_model_marks_always_trainable(small_config):
+    from transformers import AutoModel
+
+    from utils.reward_model import RewardModel
+
+    model = RewardModel(AutoModel.from_config(small_config("llama")))
+    convert_linear_layer_to_lora(model, "layers.", 4)
+    only_optimize_lora_parameters(model)
+    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    assert "v_head.weight" in trainable
+    assert trainable - {"v_head.weight"} and all("lora_" in name for name in trainable - {"v_head.weight"})
+    assert not model.rwtransformer.embed_tokens.weight.requires_grad

@@ -86,8 +86,6 @@ def main(argv=None):
                                         args.num_padding_at_beginning, args.trust_remote_code)
     prepare_trainable(model, lora_dim=args.lora_dim, lora_module_name=args.lora_module_name,
                       only_optimize_lora=args.only_optimize_lora, gradient_checkpointing=args.gradient_checkpointing)
-    if args.only_optimize_lora:
-        model.v_head.weight.requires_grad = True  # the new head must learn even when the backbone is frozen
     total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
                                        args.max_steps)
     engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.learning_rate,

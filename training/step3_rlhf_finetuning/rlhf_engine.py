@@ -49,7 +49,8 @@ class DeepSpeedRLHFEngine:
         use_native_generate_on_cpu()
         self.actor = self._init_actor(actor_path)
         self.ref = self._init_frozen_causal_lm(actor_path, "reference")
-        self.actor_ema = self._init_ema(actor_path) if args.enable_ema else None
+        self.actor_ema = (self._init_frozen_causal_lm(actor_path, "actor_ema", lora_from=self.actor.module)
+                          if args.enable_ema else None)
         self.critic = self._init_critic(critic_path)
         self.reward = self._init_reward(critic_path)
 
@@ -86,27 +87,19 @@ class DeepSpeedRLHFEngine:
         print_rank_0(f"actor: {type(engine).__name__}, ZeRO-{args.actor_zero_stage}")
         return engine
 
-    def _init_frozen_causal_lm(self, path, what):
+    def _init_frozen_causal_lm(self, path, what, lora_from=None):
+        """A frozen causal LM (reference, EMA) under the config a frozen copy of the actor gets. With `lora_from`
+        (the actor, for the EMA) it takes that model's LoRA layers and factors, so parameters pair up one to one."""
         from transformers import AutoModelForCausalLM
 
         args = self.args
         ds_config = self._frozen_config(args.actor_zero_stage, args.offload_reference_model)
         model = create_hf_model(AutoModelForCausalLM, path, self.tokenizer, ds_config, args.actor_dropout,
                                 args.trust_remote_code)
-        return self._init_frozen(model, ds_config, what)
-
-    def _init_ema(self, path):
-        """The EMA copy has the actor's structure (LoRA layers included) so parameters pair up one to one."""
-        from transformers import AutoModelForCausalLM
-
-        args = self.args
-        ds_config = self._frozen_config(args.actor_zero_stage, args.offload_reference_model)
-        model = create_hf_model(AutoModelForCausalLM, path, self.tokenizer, ds_config, args.actor_dropout,
-                                args.trust_remote_code)
-        if args.actor_lora_dim > 0:
+        if lora_from is not None and args.actor_lora_dim > 0:
             convert_linear_layer_to_lora(model, args.actor_lora_module_name, args.actor_lora_dim)
-            copy_lora_factors(self.actor.module, model)
-        return self._init_frozen(model, ds_config, "actor_ema")
+            copy_lora_factors(lora_from, model)
+        return self._init_frozen(model, ds_config, what)
 
     def _init_critic(self, path):
         args = self.args
@@ -116,8 +109,6 @@ class DeepSpeedRLHFEngine:
         prepare_trainable(model, lora_dim=args.critic_lora_dim, lora_module_name=args.critic_lora_module_name,
                           only_optimize_lora=args.only_optimize_lora,
                           gradient_checkpointing=args.critic_gradient_checkpointing)
-        if args.only_optimize_lora:
-            model.v_head.weight.requires_grad = True
         engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.critic_learning_rate,
                                    weight_decay=args.critic_weight_decay,
                                    lora_learning_rate=args.critic_lora_learning_rate, offload=args.offload,
