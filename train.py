@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from training.recipes import recipe_flags
+from utils.errors import ArgumentParser, ConfigError, cli_entry
 
 ROOT = Path(__file__).resolve().parent
 STEP_DIRS = {1: "step1_supervised_finetuning", 2: "step2_reward_model_finetuning", 3: "step3_rlhf_finetuning"}
@@ -25,7 +26,7 @@ LOG_TAIL_LINES = 20
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--step", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3])
     parser.add_argument("--deployment-type", choices=tuple(DEFAULT_ZERO_STAGE), default="single_gpu")
     parser.add_argument("--actor-model", default="tiny", help="Base model of the actor: built-in name, hub name "
@@ -38,6 +39,11 @@ def parse_args(argv=None):
     for step in (1, 2, 3):
         parser.add_argument(f"--step{step}-args", default="",
                             help=f"Extra flags for step {step}'s main.py (quoted), after the recipe's.")
+    parser.add_argument("--save-steps", type=int, default=0,
+                        help="Each step saves a resumable checkpoint every N optimizer steps (step 3: prompt "
+                             "batches) and at its end, under <its output folder>/checkpoints/ (0: none).")
+    parser.add_argument("--resume", action="store_true",
+                        help="Each step resumes from its latest complete checkpoint (a step without one starts over).")
     parser.add_argument("--no-eval", action="store_true", help="Skip the side-by-side evaluation at the end.")
     parser.add_argument("--dry-run", action="store_true", help="Print the launcher commands, run nothing.")
     args = parser.parse_args(argv)
@@ -74,8 +80,11 @@ def step_command(args, step, dirs):
         model = args.actor_model
     # Every step logs under one TensorBoard folder: `tensorboard --logdir <output-dir>/tensorboard`.
     tensorboard = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
+    checkpoints = ["--save_steps", str(args.save_steps)] if args.save_steps else []
+    checkpoints += ["--resume"] if args.resume else []
     extra = shlex.split(getattr(args, f"step{step}_args"))
-    return ["bash", str(script), *map(str, positional), *tensorboard, *recipe_flags(model, step), *extra]
+    return ["bash", str(script), *map(str, positional), *tensorboard, *recipe_flags(model, step), *checkpoints,
+            *extra]
 
 
 def run_step(args, step, command, out_dir):
@@ -91,7 +100,7 @@ def run_step(args, step, command, out_dir):
     log_path = out_dir / "training.log"
     print(f"---- step {step}: {STEP_DIRS[step]} -> {out_dir} (log: {log_path})", flush=True)
     start = time.time()
-    with open(log_path, "w") as log:
+    with open(log_path, "a" if args.resume else "w") as log:  # a resumed step's log continues
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
         returncode = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -100,9 +109,10 @@ def run_step(args, step, command, out_dir):
         print(f"step {step} FAILED after {elapsed:.0f} s (exit {returncode}); last lines of {log_path}:")
         lines = log_path.read_text(errors="replace").splitlines()
         errors = [line for line in lines if line.startswith("error: ")]
-        print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]))
-        hint = errors[-1] if errors else "see the log above for the traceback"
-        print(f"hint: {hint}; re-run this step alone with --step {step}", flush=True)
+        print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]), flush=True)
+        cause = errors[-1][len("error: "):] if errors else f"see {log_path} for the traceback"
+        print(f"error: step {step} failed: {cause}; re-run this step alone with --step {step}", file=sys.stderr,
+              flush=True)
         return None
     print(f"step {step} done in {elapsed:.1f} s", flush=True)
     return elapsed
@@ -124,9 +134,34 @@ def evaluation_command(args, dirs):
             "--output_json", str(Path(args.output_dir) / "evaluation.json")]
 
 
+def check_inputs(args, dirs):
+    """What the steps will need and cannot make themselves, refused before anything is launched or written."""
+    from utils.model_utils import is_reward_model_folder
+
+    if args.deployment_type == "multi_node":
+        hostfile = args.hostfile or "/job/hostfile"
+        if not Path(hostfile).is_file():
+            raise ConfigError(f"--hostfile {hostfile} does not exist (multi_node runs the hosts of a DeepSpeed "
+                              "hostfile)")
+    if 3 in args.step:
+        for step, what, is_reward in ((1, "step-1 actor", False), (2, "step-2 reward model", True)):
+            folder = dirs[step]
+            if step in args.step:
+                continue
+            if not (folder / "config.json").is_file():
+                raise ConfigError(f"--step 3 needs the {what} {folder}, which does not exist: run --step {step} "
+                                  "first (with the same --output-dir and models)")
+            if is_reward_model_folder(folder) != is_reward:
+                raise ConfigError(f"--step 3 needs the {what} in {folder}, but it holds a "
+                                  f"{'causal language model' if is_reward else 'reward model'}")
+
+
+@cli_entry
 def main(argv=None):
     args = parse_args(argv)
     dirs = output_dirs(args)
+    if not args.dry_run:
+        check_inputs(args, dirs)
     wall_times = {}
     for step in args.step:
         wall_times[step] = run_step(args, step, step_command(args, step, dirs), dirs[step])

@@ -1,17 +1,10 @@
 """Command-line flags shared by the steps, under DeepSpeed-Chat's names."""
-import argparse
+from pathlib import Path
 
 from utils.ds_utils import DTYPES
-from utils.errors import ConfigError
+from utils.errors import ArgumentParser, ConfigError  # noqa: F401 (ArgumentParser: the CLIs import it from here)
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the flag (argparse's own usage dump is left out)."""
-
-    def error(self, message):
-        raise ConfigError(message)
 
 
 def add_data_args(parser, default_max_seq_len=256):
@@ -90,6 +83,33 @@ def add_logging_args(parser):
     return group
 
 
+def add_checkpoint_args(parser):
+    group = parser.add_argument_group("checkpoints")
+    group.add_argument("--save_steps", type=_at_least(0), default=0,
+                       help="Save a resumable checkpoint in <output_dir>/checkpoints/ every N optimizer steps (step 3: "
+                            "prompt batches) and at the last one; 0: never.")
+    group.add_argument("--save_total_limit", type=_at_least(1), default=2,
+                       help="Keep the newest N checkpoints (older ones are deleted once a new one is complete).")
+    group.add_argument("--resume", action="store_true",
+                       help="Resume from the latest complete checkpoint in <output_dir>/checkpoints/ (start from "
+                            "the beginning if there is none).")
+    return group
+
+
+def _at_least(minimum):
+    """An argparse `type`: an int of at least `minimum` (else a one-line error naming the flag)."""
+    from argparse import ArgumentTypeError
+
+    def parse(text):
+        value = int(text)
+        if value < minimum:
+            raise ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
 def check_common_args(args):
     """Flag combinations no step can run with, refused before any model is loaded."""
     positive = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
@@ -102,3 +122,9 @@ def check_common_args(args):
         raise ConfigError("--only_optimize_lora needs --lora_dim > 0")
     if getattr(args, "learning_rate", 1.0) <= 0:
         raise ConfigError(f"--learning_rate must be positive, not {args.learning_rate}")
+
+
+def check_output_file(flag, path):
+    """Refuse an output file whose folder does not exist, before any work that would be lost at the end."""
+    if path and not Path(path).resolve().parent.is_dir():
+        raise ConfigError(f"{flag} {path}: its folder {Path(path).resolve().parent} does not exist")

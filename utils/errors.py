@@ -1,4 +1,5 @@
 """User-facing errors: bad input ends in one clear line and a non-zero exit, never a traceback."""
+import argparse
 import functools
 import sys
 
@@ -31,3 +32,10 @@ def cli_entry(main):
             sys.exit(EXIT_USER_ERROR)
 
     return wrapper
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the flag (argparse's own usage dump is left out)."""
+
+    def error(self, message):
+        raise ConfigError(message)

@@ -2,14 +2,17 @@
 
 The loss counts answer tokens only (prompt and padding are labelled -100). Perplexity on the eval split is
 measured before training and after every epoch. The result is a Hugging Face folder in --output_dir.
+With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/checkpoint.py), and --resume
+continues from the latest one exactly as the uninterrupted run would have gone on.
 """
 import math
 import time
 
 import torch
 
-from utils.args import (ArgumentParser, add_data_args, add_deepspeed_args, add_logging_args, add_lora_args,
-                        add_model_args, add_training_args, check_common_args)
+from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args, add_logging_args,
+                        add_lora_args, add_model_args, add_training_args, check_common_args)
+from utils.checkpoint import Checkpointer, TrainingPosition
 from utils.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
 from utils.engine import (count_training_steps, init_train_engine, prepare_trainable, start_run,
                           train_ds_config_from_args, write_metrics)
@@ -28,6 +31,7 @@ def parse_args(argv=None):
     add_deepspeed_args(parser)
     add_lora_args(parser)
     add_logging_args(parser)
+    add_checkpoint_args(parser)
     args = parser.parse_args(argv)
     check_common_args(args)
     if not args.output_dir:
@@ -85,17 +89,23 @@ def main(argv=None):
                  f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
                  f"{len(eval_dataset)} eval samples; {total_steps} optimizer steps")
 
-    # Loop
+    # Loop (resumed from the latest checkpoint with --resume)
+    position = TrainingPosition(train_loader)
+    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position)
+    resumed = checkpointer.resume() if args.resume else None
     monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step1_sft")
     throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)
-    perplexity, eval_loss = evaluate_perplexity(engine, eval_loader, device)
-    metrics = {"perplexity_before": perplexity}
-    print_rank_0(f"eval before training: perplexity {perplexity:.4f} (loss {eval_loss:.4f})")
-    monitor.write(0, "eval", perplexity=perplexity, loss=eval_loss)
-    for epoch in range(args.num_train_epochs):
-        if hasattr(train_loader.sampler, "set_epoch"):
-            train_loader.sampler.set_epoch(epoch)
-        train_one_epoch(engine, train_loader, device, args, epoch, monitor, throughput, total_steps)
+    if resumed:
+        metrics = resumed["metrics"]
+    else:
+        perplexity, eval_loss = evaluate_perplexity(engine, eval_loader, device)
+        metrics = {"perplexity_before": perplexity}
+        print_rank_0(f"eval before training: perplexity {perplexity:.4f} (loss {eval_loss:.4f})")
+        monitor.write(0, "eval", perplexity=perplexity, loss=eval_loss)
+    for epoch in position.epochs(args.num_train_epochs):
+        train_one_epoch(engine, position.batches(epoch), len(train_loader), device, args, epoch, monitor,
+                        throughput, total_steps, save_checkpoint_if_due=lambda step: checkpointer.save_if_due(
+                            step, total_steps, {"metrics": metrics}))
         perplexity, eval_loss = evaluate_perplexity(engine, eval_loader, device)
         print_rank_0(f"eval after epoch {epoch + 1}/{args.num_train_epochs}: perplexity {perplexity:.4f} "
                      f"(loss {eval_loss:.4f})")
@@ -112,12 +122,18 @@ def main(argv=None):
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
 
 
-def train_one_epoch(engine, train_loader, device, args, epoch, monitor, throughput, total_steps):
+def train_one_epoch(engine, batches, num_batches, device, args, epoch, monitor, throughput, total_steps,
+                    save_checkpoint_if_due):
+    """Train on `batches` ((micro_step, batch) pairs of this epoch) until the epoch or the run ends; after each
+    optimizer step, `save_checkpoint_if_due(step)`."""
     from tqdm import tqdm
 
     engine.train()
-    progress = tqdm(train_loader, desc=f"epoch {epoch + 1}", disable=not _show_progress(), mininterval=2.0)
-    for micro_step, batch in enumerate(progress):
+    progress = tqdm(batches, total=num_batches, desc=f"epoch {epoch + 1}", disable=not _show_progress(),
+                    mininterval=2.0)
+    for micro_step, batch in progress:
+        if engine.global_steps >= total_steps:  # a run resumed from its last checkpoint has nothing left
+            break
         batch = to_device(batch, device)
         step_start = time.perf_counter()
         loss = engine(**batch, use_cache=False).loss
@@ -135,6 +151,7 @@ def train_one_epoch(engine, train_loader, device, args, epoch, monitor, throughp
             progress.set_postfix(loss=f"{mean_loss:.4f}")
             print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(loss=mean_loss, lr=lr)}")
             monitor.write(step, "train", loss=mean_loss, lr=lr, **throughput.report())
+        save_checkpoint_if_due(step)
         if step >= total_steps:
             break
 

@@ -11,9 +11,9 @@ import json
 
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
-from utils.args import ArgumentParser
+from utils.args import ArgumentParser, check_output_file
 from utils.errors import ConfigError, cli_entry
-from utils.model_utils import resolve_model_path
+from utils.model_utils import is_reward_model_folder, resolve_model_path
 
 
 def parse_args(argv=None):
@@ -45,6 +45,7 @@ def parse_args(argv=None):
         raise ConfigError(f"--num_prompts must be at least 1, got {args.num_prompts}")
     if args.num_show < 0:
         raise ConfigError(f"--num_show must be at least 0, got {args.num_show}")
+    check_output_file("--output_json", args.output_json)
     return args
 
 
@@ -52,8 +53,10 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     models = {"baseline": args.model_name_or_path_baseline, "finetune": args.model_name_or_path_finetune}
-    for path in models.values():
-        resolve_model_path(path)  # a mistyped path fails at once, not after the first model's answers
+    for name, path in models.items():  # a wrong folder fails at once, not after the first model's answers
+        if is_reward_model_folder(resolve_model_path(path)):
+            raise ConfigError(f"--model_name_or_path_{name} {path} is a reward model (step 2 output), not a causal "
+                              "language model; pass a step-1 or step-3 actor folder or a base model")
     prompts = read_prompts_file(args.prompts_file) if args.prompts_file else builtin_prompts()
     prompts = prompts[:args.num_prompts]
     from utils.utils import quiet_transformers

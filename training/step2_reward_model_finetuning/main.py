@@ -4,13 +4,16 @@ A base transformer with a scalar value head scores each sequence at its last rea
 is the Bradley-Terry pairwise loss -log sigmoid(r_chosen - r_rejected), averaged over pairs. Accuracy and the
 mean chosen/rejected scores on the eval split are measured before training, every --eval_interval steps and at
 the end. The result is a reward-model folder in --output_dir that step 3 and rw_eval.py load.
+With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/checkpoint.py), and --resume
+continues from the latest one exactly as the uninterrupted run would have gone on.
 """
 import time
 
 import torch
 
-from utils.args import (ArgumentParser, add_data_args, add_deepspeed_args, add_logging_args, add_lora_args,
-                        add_model_args, add_training_args, check_common_args)
+from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args, add_logging_args,
+                        add_lora_args, add_model_args, add_training_args, check_common_args)
+from utils.checkpoint import Checkpointer, TrainingPosition
 from utils.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
 from utils.engine import (count_training_steps, init_train_engine, prepare_trainable, start_run,
                           train_ds_config_from_args, write_metrics)
@@ -37,6 +40,7 @@ def parse_args(argv=None):
                          help="Optimizer steps between evaluations (0: only before and after training).")
     logging.add_argument("--eval_iters", type=int, default=0,
                          help="Eval batches per evaluation (0: the whole eval split).")
+    add_checkpoint_args(parser)
     args = parser.parse_args(argv)
     check_common_args(args)
     if not args.output_dir:
@@ -96,7 +100,10 @@ def main(argv=None):
                  f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
                  f"{len(eval_dataset)} eval pairs; {total_steps} optimizer steps")
 
-    # Loop
+    # Loop (resumed from the latest checkpoint with --resume)
+    position = TrainingPosition(train_loader)
+    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position)
+    resumed = checkpointer.resume() if args.resume else None
     monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step2_reward")
     throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)
 
@@ -106,12 +113,15 @@ def main(argv=None):
         monitor.write(engine.global_steps, "eval", **scores)
         return scores
 
-    metrics = {f"{k}_before": v for k, v in run_eval("before training").items()}
-    step = 0
-    for epoch in range(args.num_train_epochs):
-        if hasattr(train_loader.sampler, "set_epoch"):
-            train_loader.sampler.set_epoch(epoch)
-        for micro_step, batch in enumerate(train_loader):
+    if resumed:
+        metrics = resumed["metrics"]
+    else:
+        metrics = {f"{k}_before": v for k, v in run_eval("before training").items()}
+    step = engine.global_steps
+    for epoch in position.epochs(args.num_train_epochs):
+        for micro_step, batch in position.batches(epoch):
+            if step >= total_steps:  # a run resumed from its last checkpoint has nothing left
+                break
             batch = to_device(batch, device)
             step_start = time.perf_counter()
             out = engine(**batch)
@@ -132,6 +142,7 @@ def main(argv=None):
                               lr=engine.lr_scheduler.get_last_lr()[0], **throughput.report())
             if args.eval_interval and step % args.eval_interval == 0 and step < total_steps:
                 run_eval(f"at step {step}")
+            checkpointer.save_if_due(step, total_steps, {"metrics": metrics})
             if step >= total_steps:
                 break
         if step >= total_steps:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from utils import task
-from utils.args import ArgumentParser
+from utils.args import ArgumentParser, check_output_file
 from utils.data_utils import SampleCounter, pair_sample
 from utils.errors import ConfigError, DataError, cli_entry
 from utils.reward_model import load_reward_model, score_answers, score_sequences
@@ -65,6 +65,7 @@ def parse_args(argv=None):
     for flag in ("num_examples", "max_seq_len", "batch_size"):
         if getattr(args, flag) < (0 if flag == "num_examples" else 1):
             raise ConfigError(f"--{flag} must be positive, got {getattr(args, flag)}")
+    check_output_file("--output_json", args.output_json)
     return args
 
 

@@ -5,6 +5,9 @@ scores them with the reward model, subtracts a KL penalty against the frozen ref
 with the critic, then runs --ppo_epochs passes of clipped-PPO updates over minibatches of the experience
 (plus, with --unsupervised_dataset_name, a language-modelling step on plain text per minibatch, scaled by
 --unsup_coef). Saves `actor/`, `critic/` and, with --enable_ema, `actor_ema/` in --output_dir.
+With --save_steps N a resumable checkpoint (both engines, the EMA, the KL controller, reward moments, minibatch
+shuffler and metric history) is written between PPO rounds every N prompt batches, and --resume continues from
+the latest one exactly as the uninterrupted run would have gone on.
 """
 import argparse
 import itertools
@@ -17,7 +20,9 @@ import torch
 from training.step3_rlhf_finetuning import ppo_math
 from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, split_experience
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine, moving_average
-from utils.args import ArgumentParser, SCHEDULERS, add_data_args, check_common_args
+from utils.args import ArgumentParser, SCHEDULERS, add_checkpoint_args, add_data_args, check_common_args
+from utils.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, python_random_state,
+                              set_python_random_state)
 from utils.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset,
                               make_dataloader)
 from utils.ds_utils import DTYPES
@@ -113,6 +118,7 @@ def parse_args(argv=None):
     add("--print_answers", action="store_true")
     add("--print_answers_interval", type=int, default=10)
     add("--print_interval", type=int, default=1)
+    add_checkpoint_args(parser)
     args = parser.parse_args(argv)
     check_args(args)
     return args
@@ -131,6 +137,9 @@ def check_args(args):
         raise ConfigError("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim > 0")
     if args.inference_tp_size > 1 and args.actor_zero_stage != 3:
         raise ConfigError("--inference_tp_size > 1 needs --actor_zero_stage 3")
+    if args.offload and 0 in (args.actor_zero_stage, args.critic_zero_stage):
+        raise ConfigError("--offload needs --actor_zero_stage and --critic_zero_stage of 1, 2 or 3 (it moves "
+                          "optimizer state to the CPU)")
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         raise ConfigError("--temperature must be positive and --top_p in (0, 1]")
     args.reward_clip = args.reward_clip or None
@@ -172,8 +181,9 @@ def main(argv=None):
         unsup_dataset = create_unsupervised_dataset(args.unsupervised_dataset_name,
                                                     args.unsupervised_dataset_config_name, tokenizer,
                                                     args.max_prompt_seq_len + args.max_answer_seq_len, args.seed)
-        unsup_batches = itertools.cycle(make_dataloader(unsup_dataset, DataCollatorSFT(tokenizer.pad_token_id),
-                                                        args.per_device_training_batch_size, True, args.seed))
+        unsup_batches = CountingIterator(itertools.cycle(make_dataloader(
+            unsup_dataset, DataCollatorSFT(tokenizer.pad_token_id), args.per_device_training_batch_size, True,
+            args.seed)))
 
     # Models
     steps_per_epoch = len(prompt_loader) // args.generation_batches * args.generation_batches
@@ -186,14 +196,23 @@ def main(argv=None):
     print_rank_0(f"PPO: {len(prompt_dataset)} prompts, {total_steps} steps of {args.per_device_generation_batch_size}"
                  f" x {world_size} rollouts, {args.ppo_epochs} PPO epoch(s) of {minibatches} minibatch(es)")
 
-    # Loop
-    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step3_ppo")
+    # Loop (resumed from the latest checkpoint with --resume; checkpoints are written between PPO rounds)
+    position = TrainingPosition(prompt_loader)
+    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit,
+                                {"actor": engine.actor, "critic": engine.critic}, position,
+                                weights={"actor_ema": engine.actor_ema})
     shuffler = random.Random(args.seed)
     history, experiences, step = [], [], 0
-    for epoch in range(args.num_train_epochs):
-        if hasattr(prompt_loader.sampler, "set_epoch"):
-            prompt_loader.sampler.set_epoch(epoch)
-        for batch in prompt_loader:
+    resumed = checkpointer.resume() if args.resume else None
+    if resumed:
+        step, history = resumed["step"], resumed["history"]
+        trainer.load_state_dict(resumed["trainer"])
+        set_python_random_state(resumed["shuffler"], shuffler)
+        if unsup_batches is not None:
+            unsup_batches.skip(resumed["unsup_batches_drawn"])
+    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step3_ppo")
+    for epoch in position.epochs(args.num_train_epochs):
+        for _, batch in position.batches(epoch):
             if step >= total_steps:
                 break
             batch = to_device(batch, device)
@@ -215,6 +234,9 @@ def main(argv=None):
             if args.print_answers and step % args.print_answers_interval == 0:
                 print_sample(experiences[0], tokenizer)
             experiences = []
+            checkpointer.save_if_due(step, total_steps, {
+                "history": history, "trainer": trainer.state_dict(), "shuffler": python_random_state(shuffler),
+                "unsup_batches_drawn": unsup_batches.drawn if unsup_batches is not None else 0})
     monitor.close()
 
     # Save

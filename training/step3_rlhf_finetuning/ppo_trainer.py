@@ -43,6 +43,14 @@ class PPOTrainer:
         self.reward_moments = reward_moments
         self.zero3_generation = args.actor_zero_stage == 3 and torch.distributed.get_world_size() > 1
 
+    def state_dict(self):
+        """What PPO carries from round to round besides the models: the KL coefficient and the reward moments."""
+        return {"kl_controller": self.kl_controller.state_dict(), "reward_moments": self.reward_moments.state_dict()}
+
+    def load_state_dict(self, state):
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        self.reward_moments.load_state_dict(state["reward_moments"])
+
     # ---- experience -------------------------------------------------------------------------------------------
 
     def generate_sequence(self, prompts, prompt_mask):

@@ -1,4 +1,5 @@
-"""Step 1 end to end through train.py and the launch scripts, and its answers to bad input."""
+"""Step 1 end to end through train.py and the launch scripts, and its dry-run commands (its answers to bad input
+are in tests/test_bad_inputs.py)."""
 import json
 import os
 import subprocess
@@ -8,7 +9,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-MAIN = ROOT / "training" / "step1_supervised_finetuning" / "main.py"
 QUICK = "--max_steps 12 --per_device_train_batch_size 16 --per_device_eval_batch_size 32 --max_seq_len 64 " \
         "--print_interval 4 --learning_rate 2e-3"
 
@@ -57,43 +57,6 @@ def test_step1_two_processes_zero3_through_train_py(tmp_path):
     actor, _ = train_step1(tmp_path, "single_node", 3)
     assert "ZeRO-3, 2 process(es)" in (actor / "training.log").read_text()
     assert_trained_actor(actor)
-
-
-def write_pairs(path, rows):
-    path.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "eval"):
-        (path / f"{split}.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
-GOOD_ROW = {"prompt": " Human: What is 1 + 2? Assistant:", "chosen": " 3", "rejected": " 4"}
-
-
-@pytest.mark.parametrize("case, flags, message", [
-    ("missing data file", ["--data_path", "{tmp}/nowhere"], "nowhere"),
-    ("malformed row", ["--data_path", "{tmp}/malformed"], "line 2"),
-    ("row missing a field", ["--data_path", "{tmp}/nofield"], "'chosen'"),
-    ("bad data_split", ["--data_split", "2,4"], "--data_split"),
-    ("unknown model path", ["--model_name_or_path", "./no/such/model"], "does not exist"),
-    ("fp16 on a CPU", ["--dtype", "fp16"], "--dtype fp16"),
-    ("offload without ZeRO", ["--offload"], "--offload"),
-    ("LoRA-only without LoRA", ["--only_optimize_lora"], "--lora_dim"),
-    ("prompt fills max_seq_len", ["--data_path", "{tmp}/good", "--max_seq_len", "4"], "no train data"),
-])
-def test_bad_input_is_one_line_and_leaves_no_output(tmp_path, case, flags, message):
-    write_pairs(tmp_path / "good", [GOOD_ROW] * 4)
-    write_pairs(tmp_path / "nofield", [GOOD_ROW, {"prompt": " Human: x Assistant:", "rejected": " y"}])
-    (tmp_path / "malformed").mkdir()
-    for split in ("train", "eval"):
-        (tmp_path / "malformed" / f"{split}.json").write_text(json.dumps(GOOD_ROW) + "\n{not json\n")
-    out = tmp_path / "out"
-    flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
-    result = run([sys.executable, str(MAIN), "--output_dir", str(out), "--max_steps", "1",
-                  "--data_output_path", str(tmp_path / "cache"), *flags])
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.returncode == 2, f"{case}: {result.stderr[-2000:]}"
-    assert len(errors) == 1 and message in errors[0], f"{case}: {errors}"
-    assert "Traceback" not in result.stderr
-    assert not out.exists()
 
 
 def test_dry_run_prints_the_launcher_commands_of_each_deployment():

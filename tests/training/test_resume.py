@@ -1,0 +1,205 @@
+"""Resumable training end to end, through the real CLIs on the built-in tiny default: each step, killed with
+SIGKILL after its first checkpoint and resumed with --resume, ends with the very weights (bitwise) and metrics of
+an uninterrupted run of the same seed; a non-finite loss ends in one `error:` line, saves no model and leaves the
+last checkpoint as it was; train.py passes --save-steps and --resume on to every step."""
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+STEP1 = REPO / "training" / "step1_supervised_finetuning"
+STEP2 = REPO / "training" / "step2_reward_model_finetuning"
+STEP3 = REPO / "training" / "step3_rlhf_finetuning"
+SAVED = re.compile(r"saved checkpoint (\S+)")
+
+# --data_split gives each step a small part of the built-in data (about 100 rows), so three epochs take seconds
+# and the runs below cross epoch boundaries after the kill.
+STEP1_FLAGS = ["--data_split", "10,1000,1000", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size",
+               "8", "--max_seq_len", "64", "--num_train_epochs", "3", "--max_steps", "60", "--print_interval", "10"]
+STEP2_FLAGS = ["--data_split", "1000,10,1000", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size",
+               "8", "--max_seq_len", "64", "--num_train_epochs", "3", "--max_steps", "60", "--eval_interval", "25",
+               "--print_interval", "10"]
+# Step 3 with every piece of PPO state in play: two rounds of generation batches, two PPO epochs (the minibatch
+# shuffler), EMA, the unsupervised loss (its batch cycle), the adaptive KL controller and reward normalisation.
+STEP3_FLAGS = ["--data_split", "1000,1000,5", "--per_device_generation_batch_size", "4",
+               "--per_device_training_batch_size", "2", "--generation_batches", "2", "--ppo_epochs", "2",
+               "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8", "--num_warmup_steps", "0",
+               "--num_train_epochs", "3", "--max_steps", "24", "--enable_ema", "--unsupervised_dataset_name", "builtin",
+               "--adaptive_kl_target", "0.5", "--adaptive_kl_horizon", "100", "--print_interval", "4"]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subprocess_env():
+    """This environment without the test process's own rendezvous, one thread per process."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO), MASTER_PORT=str(free_port()))
+    return env
+
+
+def run(command, timeout=300):
+    result = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+    return result
+
+
+def run_ok(command):
+    result = run(command)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def run_until_checkpoint_then_kill(command):
+    """Start `command` in its own process group, wait for its log to report a saved checkpoint, then SIGKILL the
+    whole group (the launcher and every rank). Returns the log up to the kill and the checkpoint's path."""
+    process = subprocess.Popen(command, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log, checkpoint = [], None
+    try:
+        for line in process.stdout:
+            log.append(line)
+            match = SAVED.search(line)
+            if match:
+                checkpoint = match.group(1)
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    assert checkpoint, "".join(log[-50:])
+    assert process.returncode == -signal.SIGKILL
+    return "".join(log), checkpoint
+
+
+def safetensors_files(folder):
+    return sorted(path.relative_to(folder) for path in Path(folder).rglob("*.safetensors")
+                  if "checkpoints" not in path.parts)
+
+
+def assert_same_weights(folder_a, folder_b):
+    """Every safetensors file of the two output folders holds the same tensors, bit for bit."""
+    files = safetensors_files(folder_a)
+    assert files and files == safetensors_files(folder_b)
+    for name in files:
+        a, b = load_file(Path(folder_a) / name), load_file(Path(folder_b) / name)
+        assert a.keys() == b.keys(), name
+        for key in a:
+            assert a[key].dtype == b[key].dtype and a[key].equal(b[key]), f"{name}: {key} differs"
+
+
+def assert_same_metrics(folder_a, folder_b):
+    a, b = (json.loads((Path(folder) / "metrics.json").read_text()) for folder in (folder_a, folder_b))
+    a.pop("wall_time_s"), b.pop("wall_time_s")
+    assert a == b
+
+
+def check_kill_and_resume(main_command, reference_dir, resumed_dir, save_steps):
+    """Uninterrupted run into `reference_dir`; the same run with checkpoints into `resumed_dir`, killed after its
+    first checkpoint and resumed; both must end with the same weights and metrics."""
+    run_ok([*main_command, "--output_dir", str(reference_dir)])
+    with_checkpoints = [*main_command, "--output_dir", str(resumed_dir), "--save_steps", str(save_steps)]
+    _, checkpoint = run_until_checkpoint_then_kill(with_checkpoints)
+    assert not (resumed_dir / "metrics.json").exists()  # killed before the end
+    log = run_ok([*with_checkpoints, "--resume"])
+    resumed_step = int(re.search(r"resumed from \S+ \(step (\d+)\)", log).group(1))
+    assert resumed_step >= save_steps and Path(checkpoint).name.startswith("step")
+    assert_same_weights(reference_dir, resumed_dir)
+    assert_same_metrics(reference_dir, resumed_dir)
+    return log
+
+
+def test_step1_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
+    main = [sys.executable, str(STEP1 / "main.py"), *STEP1_FLAGS, "--data_output_path", str(tmp_path / "data")]
+    log = check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
+    checkpoints = tmp_path / "resumed" / "checkpoints"
+    # The last step is always saved; --save_total_limit 2 keeps the newest two; `latest` names the newest.
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step50", "step60"]
+    assert (checkpoints / "latest").read_text().strip() == "step60"
+    assert "eval before training" not in log  # the resumed run takes its first eval from the checkpoint
+
+
+def test_step2_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
+    main = [sys.executable, str(STEP2 / "main.py"), *STEP2_FLAGS, "--data_output_path", str(tmp_path / "data")]
+    check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
+
+
+def test_step3_killed_and_resumed_equals_an_uninterrupted_run(step3_model_dirs, tmp_path):
+    actor_dir, critic_dir = step3_model_dirs
+    main = [sys.executable, str(STEP3 / "main.py"), "--actor_model_name_or_path", str(actor_dir),
+            "--critic_model_name_or_path", str(critic_dir), *STEP3_FLAGS, "--data_output_path", str(tmp_path / "data")]
+    check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=4)
+    for name in ("actor", "critic", "actor_ema"):
+        assert (tmp_path / "resumed" / name / "model.safetensors").is_file()
+
+
+@pytest.mark.e2e
+def test_step1_two_processes_zero2_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
+    """Every rank writes its own optimizer partition and position file; rank 0 renames after a barrier."""
+    script = STEP1 / "training_scripts" / "single_node" / "run.sh"
+    flags = [*STEP1_FLAGS, "--max_steps", "30"]  # two ranks share the batches: three epochs are 39 steps
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    data = ["--data_output_path", str(tmp_path / "data")]
+    run_ok(["bash", str(script), str(reference), "2", "tiny", *flags, *data])
+    with_checkpoints = ["bash", str(script), str(resumed), "2", "tiny", *flags, *data, "--save_steps", "5"]
+    _, checkpoint = run_until_checkpoint_then_kill(with_checkpoints)
+    assert {"position_rank0.json", "position_rank1.json"} <= {p.name for p in Path(checkpoint).iterdir()}
+    log = run_ok([*with_checkpoints, "--resume"])
+    assert "resumed from" in log and "2 process(es)" in log
+    assert_same_weights(reference, resumed)
+    assert_same_metrics(reference, resumed)
+
+
+def folder_digest(folder):
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def test_a_non_finite_loss_stops_with_one_error_line_and_keeps_the_last_checkpoint(tmp_path):
+    """A learning rate of 1e30 (after one warm-up step at 0) blows the weights up: the loss of step 3 is NaN."""
+    out = tmp_path / "out"
+    command = [sys.executable, str(STEP1 / "main.py"), *STEP1_FLAGS, "--data_output_path", str(tmp_path / "data"),
+               "--output_dir", str(out), "--learning_rate", "1e30", "--lr_scheduler_type", "constant_with_warmup",
+               "--num_warmup_steps", "3", "--print_interval", "1", "--save_steps", "2"]
+    process = subprocess.Popen(command, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    log, checkpoint, digest = [], None, None
+    for line in process.stdout:
+        log.append(line)
+        if SAVED.search(line) and checkpoint is None:  # its bytes as soon as it is reported complete
+            checkpoint = Path(SAVED.search(line).group(1))
+            digest = folder_digest(checkpoint)
+    process.wait(timeout=300)
+    log = "".join(log)
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert process.returncode == 2, log[-3000:]
+    assert len(errors) == 1 and re.search(r"the training loss is (nan|inf)", errors[0]), errors
+    assert "Traceback" not in log
+    assert not (out / "model.safetensors").exists() and not (out / "metrics.json").exists()  # no model saved
+    root = out / "checkpoints"
+    assert checkpoint == root / "step2"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step2"]  # no half-written folder either
+    assert (root / "latest").read_text().strip() == "step2"
+    assert folder_digest(checkpoint) == digest  # untouched since it was written
+
+
+def test_train_py_passes_save_steps_and_resume_to_every_step():
+    result = run([sys.executable, "train.py", "--dry-run", "--save-steps", "50", "--resume"])
+    assert result.returncode == 0, result.stderr
+    step_lines = result.stdout.splitlines()[:3]
+    assert all("--save_steps 50 --resume" in line for line in step_lines), step_lines
+    plain = run([sys.executable, "train.py", "--dry-run"]).stdout
+    assert "--save_steps" not in plain and "--resume" not in plain
