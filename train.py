@@ -32,6 +32,9 @@ def parse_args(argv=None):
     parser.add_argument("--actor-model", default="tiny", help="Base model of the actor: built-in name, hub name "
                                                               "or folder.")
     parser.add_argument("--reward-model", default="tiny", help="Base model of the reward model and critic.")
+    parser.add_argument("--reward-from-sft", action=argparse.BooleanOptionalAction, default=None,
+                        help="Start the step-2 reward model from the step-1 actor's weights, as InstructGPT does, "
+                             "rather than from --reward-model's (default: when --reward-model is --actor-model).")
     parser.add_argument("--actor-zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
     parser.add_argument("--reward-zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
     parser.add_argument("--output-dir", default="./output")
@@ -51,6 +54,8 @@ def parse_args(argv=None):
     stage = DEFAULT_ZERO_STAGE[args.deployment_type]
     args.actor_zero_stage = stage if args.actor_zero_stage is None else args.actor_zero_stage
     args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
+    if args.reward_from_sft is None:
+        args.reward_from_sft = args.reward_model == args.actor_model
     return args
 
 
@@ -73,7 +78,7 @@ def step_command(args, step, dirs):
         positional = [dirs[1], args.actor_zero_stage, args.actor_model]
         model = args.actor_model
     elif step == 2:
-        positional = [dirs[2], args.reward_zero_stage, args.reward_model]
+        positional = [dirs[2], args.reward_zero_stage, dirs[1] if args.reward_from_sft else args.reward_model]
         model = args.reward_model
     else:
         positional = [dirs[1], dirs[2], args.actor_zero_stage, args.reward_zero_stage, dirs[3]]
@@ -143,17 +148,23 @@ def check_inputs(args, dirs):
         if not Path(hostfile).is_file():
             raise ConfigError(f"--hostfile {hostfile} does not exist (multi_node runs the hosts of a DeepSpeed "
                               "hostfile)")
+    needs = []  # (the step that needs an earlier output, the earlier step)
+    if 2 in args.step and args.reward_from_sft:
+        needs.append((2, 1))
     if 3 in args.step:
-        for step, what, is_reward in ((1, "step-1 actor", False), (2, "step-2 reward model", True)):
-            folder = dirs[step]
-            if step in args.step:
-                continue
-            if not (folder / "config.json").is_file():
-                raise ConfigError(f"--step 3 needs the {what} {folder}, which does not exist: run --step {step} "
-                                  "first (with the same --output-dir and models)")
-            if is_reward_model_folder(folder) != is_reward:
-                raise ConfigError(f"--step 3 needs the {what} in {folder}, but it holds a "
-                                  f"{'causal language model' if is_reward else 'reward model'}")
+        needs += [(3, 1), (3, 2)]
+    for step, earlier in needs:
+        folder, is_reward = dirs[earlier], earlier == 2
+        what = "step-2 reward model" if is_reward else "step-1 actor"
+        if earlier in args.step:
+            continue
+        if not (folder / "config.json").is_file():
+            why = " (--reward-from-sft)" if step == 2 else ""
+            raise ConfigError(f"--step {step}{why} needs the {what} {folder}, which does not exist: run --step "
+                              f"{earlier} first (with the same --output-dir and models)")
+        if is_reward_model_folder(folder) != is_reward:
+            raise ConfigError(f"--step {step} needs the {what} in {folder}, but it holds a "
+                              f"{'causal language model' if is_reward else 'reward model'}")
 
 
 @cli_entry

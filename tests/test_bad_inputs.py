@@ -140,6 +140,9 @@ CASES = [
     # train.py and a step main, as real processes
     Case("train.py step 3 without step-1 output", "train.py", ["--step", "3", "--output-dir", "{out}"],
          ("--step 3 needs the step-1 actor {out}/actor-models/tiny, which does not exist",)),
+    Case("train.py step 2 from the SFT weights without step-1 output", "train.py",
+         ["--step", "2", "--output-dir", "{out}"],
+         ("--step 2 (--reward-from-sft) needs the step-1 actor {out}/actor-models/tiny, which does not exist",)),
     Case("train.py multi_node without a hostfile", "train.py",
          ["--deployment-type", "multi_node", "--hostfile", "{tmp}/hostfile", "--output-dir", "{out}"],
          ("--hostfile {tmp}/hostfile does not exist",)),

@@ -84,6 +84,20 @@ def test_dry_run_prints_the_launcher_commands_of_each_deployment():
         assert line.startswith("OMP_NUM_THREADS=")
 
 
+def test_reward_model_starts_from_the_step1_actor_when_both_steps_share_a_base_model():
+    """InstructGPT's choice: with one base model for actor and reward model, step 2 starts from the SFT weights
+    (which know the task); --no-reward-from-sft starts it from the base model."""
+    def step2_line(*flags):
+        result = run([sys.executable, "train.py", "--dry-run", "--step", "1", "2", "--actor-model", "tiny",
+                      "--reward-model", "tiny", *flags])
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()[1]
+
+    assert "--model_name_or_path output/actor-models/tiny " in step2_line()
+    assert "--output_dir output/reward-models/tiny " in step2_line()
+    assert "--model_name_or_path tiny " in step2_line("--no-reward-from-sft")
+
+
 def test_launch_scripts_parse():
     for script in ROOT.glob("training/*/training_scripts/*/run.sh"):
         assert run(["bash", "-n", str(script)]).returncode == 0, script
