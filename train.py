@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parent
 STEP_DIRS = {1: "step1_supervised_finetuning", 2: "step2_reward_model_finetuning", 3: "step3_rlhf_finetuning"}
 DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
 LOG_TAIL_LINES = 20
+# Sampled answers per held-out prompt in the closing evaluation: one per prompt leaves a standard error of about
+# 0.02 on a 400-prompt mean checker score, as large as the differences the evaluation is there to show.
+EVAL_SAMPLES_PER_PROMPT = 4
 
 
 def parse_args(argv=None):
@@ -136,6 +139,7 @@ def evaluation_command(args, dirs):
     script = ROOT / "training" / STEP_DIRS[1] / "prompt_eval.py"
     return [sys.executable, str(script), "--model_name_or_path_baseline", str(baseline),
             "--model_name_or_path_finetune", str(finetune), *reward,
+            "--samples_per_prompt", str(EVAL_SAMPLES_PER_PROMPT),
             "--output_json", str(Path(args.output_dir) / "evaluation.json")]
 
 

@@ -56,13 +56,16 @@ def are_task_prompts(prompts):
 
 
 def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy_only=False,
-                    seed=1234, batch_size=32, reward_fn=None, dtype="fp32", trust_remote_code=False):
+                    seed=1234, batch_size=32, reward_fn=None, dtype="fp32", trust_remote_code=False,
+                    samples_per_prompt=1):
     """Answer `prompts` with each model and score the answers.
 
     model_specs: {name: model folder or built-in name, or an already loaded (model, tokenizer)}; models given
     by path are loaded one at a time and released before the next.
     Decodings: "sampled" (at `temperature`, `top_p`, seeded with `seed`, the same for every model) and
-    "greedy"; `greedy_only` keeps greedy alone.
+    "greedy"; `greedy_only` keeps greedy alone. The sampled decoding answers every prompt `samples_per_prompt`
+    times, in as many rounds over the prompts (answer i of the list answers prompt i % len(prompts)), and its
+    scores are means over all of them: a sampled score from one answer per prompt is noisy.
     reward_fn: optional `reward_fn(prompts, answers) -> list[float]` (e.g. a step-2 reward model); the mean
     is reported as "reward".
 
@@ -78,16 +81,18 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     for name, spec in model_specs.items():
         model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
         model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
-        answers = {decoding: generate(model, tokenizer, model_prompts, max_new_tokens=max_new_tokens,
-                                      temperature=temperature, top_p=top_p, greedy=decoding == "greedy",
-                                      batch_size=batch_size, seed=seed)
+        rounds = {decoding: samples_per_prompt if decoding == "sampled" else 1 for decoding in decodings}
+        answers = {decoding: generate(model, tokenizer, model_prompts * rounds[decoding],
+                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                      greedy=decoding == "greedy", batch_size=batch_size, seed=seed)
                    for decoding in decodings}
         del model, tokenizer  # a loaded model is freed before the next one (and before reward_fn runs)
         result = {}
         for decoding in decodings:
-            scores = task.summarize_scores(prompts, answers[decoding]) if scorable else {}
+            answered = prompts * rounds[decoding]
+            scores = task.summarize_scores(answered, answers[decoding]) if scorable else {}
             if reward_fn is not None:
-                rewards = [float(r) for r in reward_fn(prompts, answers[decoding])]
+                rewards = [float(r) for r in reward_fn(answered, answers[decoding])]
                 scores["reward"] = sum(rewards) / len(rewards)
             result[decoding] = scores
         result["answers"] = answers

@@ -30,6 +30,8 @@ def parse_args(argv=None):
     parser.add_argument("--temperature", type=float, default=1.0, help="Temperature of the sampled decoding.")
     parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus top-p of the sampled decoding.")
     parser.add_argument("--greedy", action="store_true", help="Greedy decoding only (no sampled decoding).")
+    parser.add_argument("--samples_per_prompt", type=int, default=1,
+                        help="Sampled answers per prompt; the sampled scores are means over all of them.")
     parser.add_argument("--seed", type=int, default=1234, help="Seed of the sampled decoding (same per model).")
     parser.add_argument("--batch_size", type=int, default=32, help="Prompts generated together.")
     parser.add_argument("--num_show", type=int, default=8, help="Prompts printed with both models' answers.")
@@ -43,6 +45,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ConfigError(f"--num_prompts must be at least 1, got {args.num_prompts}")
+    if args.samples_per_prompt < 1:
+        raise ConfigError(f"--samples_per_prompt must be at least 1, got {args.samples_per_prompt}")
     if args.num_show < 0:
         raise ConfigError(f"--num_show must be at least 0, got {args.num_show}")
     check_output_file("--output_json", args.output_json)
@@ -74,9 +78,9 @@ def main(argv=None):
     results = evaluate_models(models, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, greedy_only=args.greedy, seed=args.seed,
                               batch_size=args.batch_size, reward_fn=reward_fn, dtype=args.dtype,
-                              trust_remote_code=args.trust_remote_code)
+                              trust_remote_code=args.trust_remote_code, samples_per_prompt=args.samples_per_prompt)
 
-    print(f"{len(prompts)} prompts; baseline = {models['baseline']}, finetune = {models['finetune']}")
+    print(f"{len(prompts)} prompts ({args.samples_per_prompt} sampled answer(s) each); baseline = {models['baseline']}, finetune = {models['finetune']}")
     if args.num_show:
         print(format_side_by_side(prompts, results, args.num_show))
     table = format_score_table(results)

@@ -48,6 +48,21 @@ def test_checker_scores_are_task_scores_of_the_returned_answers(tiny):
     assert result["answers"]["sampled"] != result["answers"]["greedy"]
 
 
+def test_several_samples_per_prompt_are_rounds_over_the_prompts_and_scored_together(tiny):
+    prompts = builtin_prompts()[:6]
+    result = evaluate_models({"a": tiny}, prompts, max_new_tokens=6, seed=5, samples_per_prompt=3,
+                             reward_fn=lambda prompts, answers: [len(p) for p in prompts])["a"]
+    sampled, greedy = result["answers"]["sampled"], result["answers"]["greedy"]
+    assert len(sampled) == 3 * len(prompts) and len(greedy) == len(prompts)
+    answered = prompts * 3  # answer i answers prompt i % 6
+    scores = [task.score_answer(p, a) for p, a in zip(answered, sampled)]
+    assert result["sampled"]["all"] == pytest.approx(sum(scores) / len(scores))
+    assert result["sampled"]["reward"] == pytest.approx(sum(map(len, answered)) / len(answered))
+    assert len(set(sampled)) > len(prompts)  # the rounds are new draws, not one answer repeated
+    one_sample = evaluate_models({"a": tiny}, prompts, max_new_tokens=6, seed=5)["a"]
+    assert one_sample["answers"]["greedy"] == greedy
+
+
 def test_greedy_only_and_prompts_outside_the_task(tiny):
     prompts = [" Human: Tell me a joke. Assistant:", task.format_prompt("What is 1 + 2?")]
     results = evaluate_models({"a": tiny}, prompts, max_new_tokens=4, greedy_only=True)
