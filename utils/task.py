@@ -31,7 +31,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-TASK_VERSION = 1
+TASK_VERSION = 2
 """Bump when the generated data changes for a given seed; it is recorded in meta.json."""
 
 SKILLS = ("add", "reverse", "capital", "upper")
@@ -570,7 +570,7 @@ def _write_all(directory: Path, seed: int, num_train: int, num_eval: int, num_he
 def write_builtin_data(
     out_dir,
     seed: int = 1234,
-    num_train: int = 20000,
+    num_train: int = 60000,
     num_eval: int = 1000,
     num_heldout: int = 400,
     num_unsup: int = 3000,
