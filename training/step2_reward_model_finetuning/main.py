@@ -15,8 +15,8 @@ from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_
                         add_lora_args, add_model_args, add_training_args, check_common_args)
 from utils.checkpoint import Checkpointer, TrainingPosition
 from utils.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
-from utils.engine import (count_training_steps, init_train_engine, prepare_trainable, start_run,
-                          train_ds_config_from_args, write_metrics)
+from utils.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
+                          write_metrics)
 from utils.errors import ConfigError, cli_entry
 from utils.model_utils import count_parameters, load_tokenizer, resolve_model_path
 from utils.monitor import Monitor, Throughput, format_scalars
@@ -88,14 +88,9 @@ def main(argv=None):
     ds_config = train_ds_config_from_args(args, world_size)
     model = RewardModel.from_pretrained(model_path, tokenizer, ds_config, args.dropout,
                                         args.num_padding_at_beginning, args.trust_remote_code)
-    prepare_trainable(model, lora_dim=args.lora_dim, lora_module_name=args.lora_module_name,
-                      only_optimize_lora=args.only_optimize_lora, gradient_checkpointing=args.gradient_checkpointing)
     total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
                                        args.max_steps)
-    engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.learning_rate,
-                               weight_decay=args.weight_decay, lora_learning_rate=args.lora_learning_rate,
-                               offload=args.offload, lr_scheduler_type=args.lr_scheduler_type,
-                               num_warmup_steps=args.num_warmup_steps, num_training_steps=total_steps)
+    engine = train_engine_from_args(model, ds_config, args, total_steps)
     print_rank_0(f"reward model on {args.model_name_or_path}: {count_parameters(model) / 1e6:.2f}M parameters, "
                  f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
                  f"{len(eval_dataset)} eval pairs; {total_steps} optimizer steps")

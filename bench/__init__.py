@@ -1,0 +1,1 @@
+"""Benchmarks of chatrlhf on this machine: `python -m bench` (see `bench/run.py`)."""

@@ -1,0 +1,170 @@
+"""Step 1's training throughput against a bare PyTorch loop, and its MFU.
+
+Ours is the DeepSpeed engine built as step 1 builds it (step 1's own flags, `train_ds_config_from_args`,
+`create_hf_model`, `train_engine_from_args`) stepping as step 1's loop steps it. The baseline is
+the same model, batches, dtype, parameter groups and optimizer (torch's fused AdamW, as `create_optimizer` picks
+on a CPU), learning-rate schedule and gradient clipping, in a plain PyTorch loop.
+"""
+import itertools
+import time
+
+import torch
+
+from bench.models import model_path
+from utils.ds_utils import get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
+from utils.monitor import training_flops
+from utils.utils import assert_finite
+
+# The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model in bf16 (the MFU target) on
+# full 256-token blocks of the built-in plain-text corpus.
+CASES = {"tiny": {"dtype": "fp32", "batch_size": 64, "seq_len": 64, "steps_per_run": 5},
+         "llama-100m": {"dtype": "bf16", "batch_size": 4, "seq_len": 256, "steps_per_run": 1}}
+GRADIENT_CLIPPING = 1.0  # utils.ds_utils.get_train_ds_config's default
+ADAM_BETAS = (0.9, 0.95)  # utils.ds_utils.create_optimizer's default
+
+
+def step1_args(path, dtype, batch_size, seq_len, zero_stage=0):
+    """Step 1's parsed flags for this model and batch (every other flag at step 1's default)."""
+    from training.step1_supervised_finetuning.main import parse_args
+
+    args = parse_args(["--model_name_or_path", path, "--output_dir", "unused", "--dtype", dtype,
+                       "--per_device_train_batch_size", str(batch_size), "--max_seq_len", str(seq_len),
+                       "--zero_stage", str(zero_stage)])
+    args.dtype = resolve_dtype(args.dtype)
+    return args
+
+
+def step1_batches(model_name, tokenizer, args, count):
+    """`count` collated batches in step 1's order: for the tiny model, step 1's own SFT data; for the larger one,
+    full `max_seq_len`-token blocks of the built-in corpus (real text, no padding, as a throughput test wants),
+    through the same collator."""
+    from utils.data_utils import DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset, make_dataloader
+
+    if model_name == "tiny":
+        dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 1, args.seed,
+                                           tokenizer, args.max_seq_len)
+    else:
+        dataset = create_unsupervised_dataset("builtin", None, tokenizer, args.max_seq_len, args.seed)
+    loader = make_dataloader(dataset, DataCollatorSFT(tokenizer.pad_token_id), args.per_device_train_batch_size,
+                             True, args.seed)
+    return list(itertools.islice(loader, count))
+
+
+def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
+    """The training engine exactly as step 1's main builds it from `args`."""
+    from transformers import AutoModelForCausalLM
+
+    from utils.engine import train_ds_config_from_args, train_engine_from_args
+    from utils.model_utils import create_hf_model
+
+    ds_config = train_ds_config_from_args(args, world_size)
+    model = create_hf_model(AutoModelForCausalLM, args.model_name_or_path, tokenizer, ds_config, args.dropout,
+                            args.trust_remote_code)
+    return train_engine_from_args(model, ds_config, args, total_steps)
+
+
+def engine_train_step(engine, batch):
+    """One micro-step of step 1's loop (`train_one_epoch`): forward, finiteness check, backward, step."""
+    loss = engine(**batch, use_cache=False).loss
+    assert_finite(loss, "the training loss")
+    engine.backward(loss)
+    engine.step()
+
+
+class BareTrainer:
+    """The same training step in plain PyTorch. The model loads as step 1 loads it and is cast to the training
+    dtype; in bf16 the optimizer updates fp32 master weights and the bf16 weights are copied from them after each
+    step, as DeepSpeed does (at ZeRO-0, in its `FP16_UnfusedOptimizer`)."""
+
+    def __init__(self, args, tokenizer, total_steps=10 ** 6):
+        from transformers import AutoModelForCausalLM, get_scheduler
+
+        from utils.model_utils import create_hf_model
+
+        self.model = create_hf_model(AutoModelForCausalLM, args.model_name_or_path, tokenizer, None, args.dropout)
+        self.model.to(torch_dtype(args.dtype)).train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        mixed = args.dtype != "fp32"
+        self.masters = [p.detach().float().requires_grad_() for p in self.params] if mixed else self.params
+        to_master = {id(p): m for p, m in zip(self.params, self.masters)}
+        groups = [dict(group, params=[to_master[id(p)] for p in group["params"]])
+                  for group in get_optimizer_grouped_parameters(self.model, args.weight_decay)]
+        self.optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=ADAM_BETAS, fused=True)
+        self.scheduler = get_scheduler(args.lr_scheduler_type, optimizer=self.optimizer,
+                                       num_warmup_steps=args.num_warmup_steps, num_training_steps=total_steps)
+
+    def train_step(self, batch):
+        loss = self.model(**batch, use_cache=False).loss
+        assert_finite(loss, "the training loss")
+        loss.backward()
+        if self.masters is not self.params:
+            for param, master in zip(self.params, self.masters):
+                master.grad = param.grad.float()
+                param.grad = None
+        torch.nn.utils.clip_grad_norm_(self.masters, GRADIENT_CLIPPING)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not self.params:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self.masters)
+
+
+def batch_runner(train_step, batches, config, steps):
+    """`() -> (units, seconds)` running `steps` training steps on the next batches (cycling): units are the real
+    tokens and the FLOPs (DeepSpeed-Chat's formula on the padded batch) of those steps."""
+    stream = itertools.cycle(batches)
+
+    def run():
+        tokens = flops = seconds = 0.0
+        for _ in range(steps):
+            batch = next(stream)
+            start = time.perf_counter()
+            train_step(batch)
+            seconds += time.perf_counter() - start
+            tokens += int(batch["attention_mask"].sum())
+            flops += training_flops(config, *batch["input_ids"].shape)
+        return {"tokens": tokens, "flops": flops}, seconds
+
+    return run
+
+
+def with_peak_probe(run, dtype, peaks):
+    """`run`, preceded each time by a measure of the matmul peak (appended to `peaks`), so each run's MFU divides
+    by the peak of the same moment: a slow spell of the shared machine slows both."""
+    from bench.measure import matmul_flops
+
+    def probed_run():
+        peaks.append(matmul_flops(torch_dtype(dtype)))
+        return run()
+
+    return probed_run
+
+
+def measure_step1(model_name, repeats, warmup, num_batches=8, quick=False):
+    """Tokens/s and FLOP/s of ours and of the bare loop (pairs), their ratio, and the MFU of each run: its FLOP/s
+    over the FLOP/s of a large matmul in the same dtype measured just before it."""
+    from bench.measure import paired_rates
+    from utils.model_utils import count_parameters, load_tokenizer
+
+    case = CASES[model_name]
+    path = model_path(model_name)
+    tokenizer = load_tokenizer(path)
+    args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"])
+    batches = step1_batches(model_name, tokenizer, args, num_batches)
+    torch.manual_seed(args.seed)
+    engine = build_engine(args, tokenizer)
+    bare = BareTrainer(args, tokenizer)
+    steps = 1 if quick else case["steps_per_run"]
+    peaks = {"ours": [], "baseline": []}
+    ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
+    baseline = batch_runner(bare.train_step, batches, bare.model.config, steps)
+    rates = paired_rates(with_peak_probe(ours, args.dtype, peaks["ours"]),
+                         with_peak_probe(baseline, args.dtype, peaks["baseline"]), repeats, warmup)
+    for side in ("ours", "baseline"):
+        side_peaks = peaks[side][warmup:]
+        rates[side]["mfu"] = [flops / peak for flops, peak in zip(rates[side]["flops"], side_peaks)]
+        rates[side]["peak_flops"] = side_peaks
+    rates.update(parameters=count_parameters(engine.module), dtype=args.dtype,
+                 batch_size=args.per_device_train_batch_size, seq_len=args.max_seq_len, steps_per_run=steps)
+    return rates

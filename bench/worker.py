@@ -1,0 +1,69 @@
+"""One process (or one rank under the `deepspeed` launcher) of the memory bench: a few training steps of step 1
+(any bench model, any ZeRO stage) or of step 3 (the tiny model), then the peak RSS of every rank, printed by
+rank 0 as one `BENCH_WORKER_RESULT {json}` line.
+
+    python -m bench.worker step1 --model llama-100m --zero_stage 2 --steps 2
+    deepspeed --num_gpus 2 --module bench.worker step1 --model tiny --zero_stage 3
+"""
+import argparse
+import json
+
+import torch
+
+RESULT_PREFIX = "BENCH_WORKER_RESULT "
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("step1", "step3"))
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
+    parser.add_argument("--steps", type=int, default=2, help="Training steps (step 1) or PPO steps (step 3).")
+    parser.add_argument("--local_rank", type=int, default=-1, help="Set by the deepspeed launcher.")
+    return parser.parse_args(argv)
+
+
+def run_step1(model_name, zero_stage, steps, world_size):
+    from bench.models import model_path
+    from bench.step1 import CASES, build_engine, engine_train_step, step1_args, step1_batches
+    from utils.model_utils import load_tokenizer
+
+    case = CASES[model_name]
+    path = model_path(model_name)
+    tokenizer = load_tokenizer(path)
+    args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"], zero_stage)
+    engine = build_engine(args, tokenizer, world_size)
+    for batch in step1_batches(model_name, tokenizer, args, steps):
+        engine_train_step(engine, batch)
+
+
+def run_step3(steps):
+    import random
+
+    from bench.step3 import ExperienceTimers, build_trainer, ppo_step, prompt_batches
+
+    trainer, args, tokenizer = build_trainer()
+    timers, shuffler = ExperienceTimers(trainer), random.Random(args.seed)
+    for batch in prompt_batches(args, tokenizer, steps):
+        ppo_step(trainer, args, batch, timers, shuffler)
+
+
+def main(argv=None):
+    from bench.measure import peak_rss_mb
+    from utils.utils import init_distributed, is_rank_0, quiet_transformers
+
+    args = parse_args(argv)
+    _, world_size, _, _ = init_distributed()
+    quiet_transformers()
+    if args.step == "step1":
+        run_step1(args.model, args.zero_stage, args.steps, world_size)
+    else:
+        run_step3(args.steps)
+    peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(world_size)]
+    torch.distributed.all_gather(peaks, torch.tensor([peak_rss_mb()], dtype=torch.float64))
+    if is_rank_0():
+        print(RESULT_PREFIX + json.dumps({"peak_rss_mb": [p.item() for p in peaks]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

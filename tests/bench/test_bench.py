@@ -1,0 +1,60 @@
+"""The bench's smoke mode end to end: `python -m bench --quick` runs every section on the tiny model and writes a
+JSON with every figure present, finite and (where it is a rate, a ratio or a size) positive. No speed thresholds:
+the figures of a smoke run on a shared machine mean nothing."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = ("machine", "peak_matmul_flops", "step1", "mfu", "rollout", "ppo", "memory")
+
+
+def numbers(tree, path=""):
+    """(path, value) of every number in a nested dict / list."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from numbers(value, f"{path}.{key}")
+    elif isinstance(tree, list):
+        for index, value in enumerate(tree):
+            yield from numbers(value, f"{path}[{index}]")
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        yield path, tree
+
+
+def assert_positive(summary, what):
+    assert set(summary) == {"min", "median", "max", "n"}, what
+    assert 0 < summary["min"] <= summary["median"] <= summary["max"] < math.inf, (what, summary)
+
+
+def test_quick_bench_writes_every_section(tmp_path):
+    output = tmp_path / "results.json"
+    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--output", str(output)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert set(SECTIONS) <= set(results)
+    for path, value in numbers({key: results[key] for key in SECTIONS if key != "machine"}):
+        assert math.isfinite(value), path
+
+    for dtype in ("fp32", "bf16"):
+        assert_positive(results["peak_matmul_flops"][dtype], dtype)
+    step1 = results["step1"]["tiny"]
+    for figure in (step1["ours"]["tokens"], step1["baseline"]["tokens"], step1["ours"]["flops"], step1["ratio"],
+                   results["mfu"]["tiny"]["ours"], results["mfu"]["tiny"]["baseline"]):
+        assert_positive(figure, "step 1 / MFU")
+    rollout = results["rollout"]
+    for figure in (rollout["ours"]["tokens"], rollout["baseline"]["tokens"], rollout["ratio"]):
+        assert_positive(figure, "rollout")
+    ppo = results["ppo"]
+    assert_positive(ppo["samples_per_s"], "samples/s")
+    for part in ("generation", "experience_actor", "experience_ref", "experience_critic", "experience_reward",
+                 "training"):
+        assert_positive(ppo["seconds"][part], part)
+    assert abs(sum(share["median"] for share in ppo["share"].values()) - 1) < 0.05
+    memory = results["memory"]
+    assert {"step1 tiny zero0 x1", "step1 tiny zero0 x2"} <= set(memory)
+    for label, figure in memory.items():
+        assert 0 < figure["peak_rss_mb"] < math.inf and len(figure["per_rank_mb"]) == int(label[-1]), label
+    assert "| step 1 train tokens/s" in run.stdout
