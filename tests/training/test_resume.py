@@ -7,13 +7,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+
+from processes import subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 STEP1 = REPO / "training" / "step1_supervised_finetuning"
@@ -35,20 +36,6 @@ STEP3_FLAGS = ["--data_split", "1000,1000,5", "--per_device_generation_batch_siz
                "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8", "--num_warmup_steps", "0",
                "--num_train_epochs", "3", "--max_steps", "24", "--enable_ema", "--unsupervised_dataset_name", "builtin",
                "--adaptive_kl_target", "0.5", "--adaptive_kl_horizon", "100", "--print_interval", "4"]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def subprocess_env():
-    """This environment without the test process's own rendezvous, one thread per process."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO), MASTER_PORT=str(free_port()))
-    return env
 
 
 def run(command, timeout=300):

@@ -3,9 +3,7 @@ tiny step-1 and step-2 folders of the session fixture `step3_model_dirs`, and it
 model folders. Runs over a minute are marked `e2e` (deselected by default: `pytest -m e2e`)."""
 import json
 import math
-import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,24 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from processes import subprocess_env
+
 REPO = Path(__file__).resolve().parents[3]
 STEP3 = REPO / "training" / "step3_rlhf_finetuning"
 SMALL_FLAGS = ["--max_steps", "2", "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
                "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8", "--num_warmup_steps", "0"]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def subprocess_env():
-    """This environment without the test process's own rendezvous, one thread per process."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONPATH=str(REPO))
-    return env
 
 
 def run_step3(deployment, model_dirs, actor_stage, critic_stage, out_dir, *flags, timeout=600):
