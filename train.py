@@ -140,7 +140,7 @@ def evaluation_command(args, dirs):
     return [sys.executable, str(script), "--model_name_or_path_baseline", str(baseline),
             "--model_name_or_path_finetune", str(finetune), *reward,
             "--samples_per_prompt", str(EVAL_SAMPLES_PER_PROMPT),
-            "--output_json", str(Path(args.output_dir) / "evaluation.json")]
+            "--output_json", str(Path(args.output_dir) / "evaluation.json"), *recipe_flags(args.actor_model, "eval")]
 
 
 def check_inputs(args, dirs):

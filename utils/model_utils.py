@@ -75,6 +75,7 @@ def configure_dropout(config, dropout):
 def create_hf_model(model_class, path, tokenizer, ds_config=None, dropout=None, trust_remote_code=False):
     """Load `model_class` (AutoModelForCausalLM, AutoModel...) from `path` in fp32 (DeepSpeed casts it to the
     training dtype). Under ZeRO-3 the weights are partitioned while they load, never held whole on one rank."""
+    import torch
     from transformers import AutoConfig
 
     if is_reward_model_folder(path) and model_class.__name__ == "AutoModelForCausalLM":
@@ -82,7 +83,9 @@ def create_hf_model(model_class, path, tokenizer, ds_config=None, dropout=None, 
                           "step-1 actor or a base model")
     config = configure_dropout(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), dropout)
     hf_ds_config = _zero3_init_context(ds_config)  # noqa: F841 (must stay alive while the model loads)
-    model = model_class.from_pretrained(path, config=config, trust_remote_code=trust_remote_code)
+    # fp32 whatever the folder was saved in (transformers 5 would keep a bf16 folder in bf16 by default, and a
+    # reward model's fp32 value head would then meet bf16 hidden states).
+    model = model_class.from_pretrained(path, config=config, dtype=torch.float32, trust_remote_code=trust_remote_code)
     del hf_ds_config
     model.config.end_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id

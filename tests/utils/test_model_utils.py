@@ -106,6 +106,16 @@ def test_create_hf_model_loads_a_causal_lm(model_dir, tiny_tokenizer):
     assert next(model.parameters()).dtype == torch.float32
 
 
+def test_a_bf16_folder_loads_in_fp32(tmp_path, small_config, tiny_tokenizer):
+    """A step trained with --dtype bf16 saves bf16 weights; the next step (and a reward model's fp32 value head)
+    must still get fp32, not transformers 5's default of the folder's own dtype."""
+    config = small_config("llama", vocab_size=len(tiny_tokenizer))
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(tmp_path)
+    for model_class in (AutoModelForCausalLM, AutoModel):
+        model = create_hf_model(model_class, str(tmp_path), tiny_tokenizer)
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
 def test_create_hf_model_grows_embeddings_to_fit_the_tokenizer(tmp_path, small_config, tiny_tokenizer):
     AutoModelForCausalLM.from_config(small_config("llama", vocab_size=100)).save_pretrained(tmp_path)
     model = create_hf_model(AutoModelForCausalLM, str(tmp_path), tiny_tokenizer)

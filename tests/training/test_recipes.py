@@ -1,0 +1,27 @@
+"""Tests of training/recipes.py: every recipe's flags are flags its step (and the closing evaluation) accepts."""
+import pytest
+
+from training.recipes import RECIPES, recipe_flags
+
+REQUIRED = {1: ["--output_dir", "out"], 2: ["--output_dir", "out"],
+            3: ["--actor_model_name_or_path", "a", "--critic_model_name_or_path", "c", "--output_dir", "out"],
+            "eval": ["--model_name_or_path_baseline", "a", "--model_name_or_path_finetune", "b"]}
+
+
+def step_parser(step):
+    from training.step1_supervised_finetuning import main as step1, prompt_eval
+    from training.step2_reward_model_finetuning import main as step2
+    from training.step3_rlhf_finetuning import main as step3
+
+    return {1: step1, 2: step2, 3: step3, "eval": prompt_eval}[step].parse_args
+
+
+@pytest.mark.parametrize("model", sorted(RECIPES))
+@pytest.mark.parametrize("step", [1, 2, 3, "eval"])
+def test_every_recipe_parses(model, step):
+    step_parser(step)(REQUIRED[step] + recipe_flags(model, step))
+
+
+def test_only_the_smollm2_evaluation_is_capped():
+    assert recipe_flags("tiny", "eval") == [] and recipe_flags("facebook/opt-1.3b", "eval") == []
+    assert "--num_prompts" in recipe_flags("smollm2-135m", "eval")
