@@ -11,7 +11,8 @@ token (the end score step 2 trains and step 3 uses as the reward):
 - `--heldout` (the built-in task only): for every held-out prompt, answers at every checker level (exact, near
   miss, right format only, junk, " I don't know.", truncated); prints the Pearson and Spearman correlations of
   reward-model scores with checker scores, and the pairwise accuracy over pairs of answers to the same prompt
-  whose checker scores differ.
+  whose checker scores differ, overall and per skill, then per skill for the hardest pairs alone: the exact
+  answer against a near miss (a sum off by one or two, an anagram, another capital).
 
     python training/step2_reward_model_finetuning/rw_eval.py --model_name_or_path output/reward-models/tiny --heldout
 """
@@ -99,15 +100,18 @@ def spearman(x, y):
     return pearson(average_ranks(x), average_ranks(y))
 
 
-def pairwise_agreement(checker_scores, rm_scores):
+def pairwise_agreement(checker_scores, rm_scores, levels=None):
     """(agreeing, total) over pairs of answers whose checker scores differ: the reward model agrees when it
-    scores the better answer strictly higher."""
+    scores the better answer strictly higher. With `levels=(high, low)` only pairs of an answer scoring `high`
+    and one scoring `low` count (e.g. (1.0, 0.5): the exact answer against a near miss)."""
     agreeing = total = 0
     for i in range(len(checker_scores)):
         for j in range(i + 1, len(checker_scores)):
             if checker_scores[i] != checker_scores[j]:
-                total += 1
                 better, worse = (i, j) if checker_scores[i] > checker_scores[j] else (j, i)
+                if levels is not None and (checker_scores[better], checker_scores[worse]) != tuple(levels):
+                    continue
+                total += 1
                 agreeing += rm_scores[better] > rm_scores[worse]
     return agreeing, total
 
@@ -180,12 +184,15 @@ def eval_heldout(model, tokenizer, args):
     checker = [task.score_answer(prompt, answer) for prompt, answer in zip(prompts, answers)]
     rm = score_answers(model, tokenizer, prompts, answers, args.batch_size)
 
-    by_skill, start, shown = {}, 0, []
+    by_skill, exact_by_skill, start, shown = {}, {}, 0, []
     for record, group_answers in groups:
         end = start + len(group_answers)
         agreeing, total = pairwise_agreement(checker[start:end], rm[start:end])
         counts = by_skill.setdefault(record["skill"], [0, 0])
         counts[0], counts[1] = counts[0] + agreeing, counts[1] + total
+        exact_agreeing, exact_total = pairwise_agreement(checker[start:end], rm[start:end], levels=(1.0, 0.5))
+        counts = exact_by_skill.setdefault(record["skill"], [0, 0])
+        counts[0], counts[1] = counts[0] + exact_agreeing, counts[1] + exact_total
         if len(shown) < args.num_examples:
             ranked = sorted(range(start, end), key=lambda k: -rm[k])
             shown.append(f"{agreeing}/{total} pairs in order  {show(record['prompt'], 44):44}  by RM score: "
@@ -198,6 +205,7 @@ def eval_heldout(model, tokenizer, args):
         "pearson": pearson(rm, checker), "spearman": spearman(rm, checker),
         "pairwise_accuracy": agreeing / total, "num_pairs": total,
         "pairwise_accuracy_by_skill": {skill: a / t for skill, (a, t) in by_skill.items()},
+        "exact_over_near_miss_by_skill": {skill: a / t for skill, (a, t) in exact_by_skill.items() if t},
         "mean_score_by_checker_level": {
             str(level): float(np.mean([s for s, c in zip(rm, checker) if c == level])) for level in levels},
         "answers": [{"prompt": p, "answer": a, "checker_score": c, "rm_score": s}
@@ -214,6 +222,8 @@ def eval_heldout(model, tokenizer, args):
           f"pairwise accuracy {result['pairwise_accuracy']:.4f} over {total} pairs ("
           + ", ".join(f"{skill} {value:.3f}" for skill, value in result["pairwise_accuracy_by_skill"].items())
           + ")")
+    print("exact answer above a near miss: " + ", ".join(
+        f"{skill} {value:.3f}" for skill, value in result["exact_over_near_miss_by_skill"].items()))
     return result
 
 

@@ -60,6 +60,15 @@ def test_pairwise_agreement_counts_pairs_with_different_checker_scores():
     assert pairwise_agreement(checker, rm) == (3, 5)
 
 
+def test_pairwise_agreement_between_two_levels_only():
+    checker = [1.0, 0.5, 0.5, 0.0, 1.0]
+    rm = [3.0, 1.0, 4.0, 2.0, 0.5]
+    # exact (0, 4) against near miss (1, 2): (0,1) agrees, (0,2) does not, (4,1) does not, (4,2) does not;
+    # pairs with the 0.0 answer or of two exact answers are left out
+    assert pairwise_agreement(checker, rm, levels=(1.0, 0.5)) == (1, 4)
+    assert pairwise_agreement(checker, rm, levels=(0.5, 0.0)) == (1, 2)
+
+
 # --------------------------------------------------------------------------- the built-in answers
 
 
@@ -180,6 +189,9 @@ def test_heldout_mode_correlates_with_the_checker(reward_dir, tmp_path):
     # a reward model trained 20 steps already orders the answers as the checker does, more often than not
     # (measured: pearson 0.45, pairwise accuracy 0.79); shuffled or misaligned scores would give ~0 and ~0.5
     assert report["pearson"] > 0.2 and report["spearman"] > 0.2 and report["pairwise_accuracy"] > 0.6
+    exact = report["exact_over_near_miss_by_skill"]
+    assert set(exact) == set(task.SKILLS) and all(0.0 <= value <= 1.0 for value in exact.values())
+    assert "exact answer above a near miss: " + ", ".join(f"{k} {v:.3f}" for k, v in exact.items()) in result.stdout
     levels = report["mean_score_by_checker_level"]
     assert set(levels) == {"1.0", "0.5", "0.25", "0.0"} and levels["1.0"] > levels["0.0"]
     answers = report["answers"]
