@@ -3,6 +3,7 @@ config, no download), and the step-2 reward-model folder step 3 needs next to it
 Face folder in the chatrlhf cache, built once, and loaded the way the steps load any model."""
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 
@@ -22,14 +23,15 @@ def model_path(name):
     if name == "tiny":
         return resolve_model_path("tiny")
     if name == "llama-100m":
-        digest = hashlib.sha256(json.dumps(LLAMA_100M, sort_keys=True).encode()).hexdigest()[:10]
+        tiny_folder = Path(resolve_model_path("tiny")).name  # names the tokenizer it borrows
+        digest = hashlib.sha256((json.dumps(LLAMA_100M, sort_keys=True) + tiny_folder).encode()).hexdigest()[:10]
         return str(build_once(cache_dir() / "models" / f"bench-llama-100m-{digest}", _build_llama_100m))
     raise ValueError(f"unknown bench model {name!r}; one of {', '.join(MODELS)}")
 
 
 def _build_llama_100m(out_dir):
-    """A randomly initialised Llama of LLAMA_100M's shape with the tiny model's tokenizer (its 512 ids are a
-    subset of the vocabulary), so the built-in data feeds it as it feeds the tiny model."""
+    """A randomly initialised Llama of LLAMA_100M's shape with the tiny model's tokenizer (its ids are a subset
+    of the vocabulary), so the built-in data feeds it as it feeds the tiny model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = load_tokenizer(resolve_model_path("tiny"))
@@ -43,8 +45,6 @@ def _build_llama_100m(out_dir):
 def reward_model_path(actor_path):
     """A step-2 folder (the actor's backbone and a new value head, saved as step 2 saves it) for step 3's critic
     and reward model."""
-    from pathlib import Path
-
     return str(build_once(cache_dir() / "models" / f"bench-reward-{Path(actor_path).name}",
                           lambda out: _build_reward_model(actor_path, out)))
 

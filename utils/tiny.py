@@ -12,6 +12,8 @@ from utils.paths import build_once, cache_dir
 CONFIG_FILE = Path(__file__).parent / "configs" / "tiny_llama.json"
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 INIT_SEED = 0
+TOKENIZER_VERSION = "bpe-digits-1"
+"""Part of the tiny model folder's digest: bump it when train_tokenizer changes what it builds."""
 
 
 def tiny_model_path():
@@ -22,7 +24,7 @@ def tiny_model_path():
 
     data_dir = builtin_data_dir()
     config_text = CONFIG_FILE.read_text()
-    digest = hashlib.sha256((config_text + str(task.TASK_VERSION)).encode()).hexdigest()[:10]
+    digest = hashlib.sha256((config_text + str(task.TASK_VERSION) + TOKENIZER_VERSION).encode()).hexdigest()[:10]
     return build_once(cache_dir() / "models" / f"tiny-{digest}",
                       lambda out: build_tiny_model(out, json.loads(config_text), task.corpus_texts(data_dir)))
 
@@ -43,12 +45,16 @@ def build_tiny_model(out_dir, config_dict, texts):
 
 def train_tokenizer(texts, vocab_size):
     """A byte-level BPE tokenizer (every string encodes, nothing is `<unk>`) with distinct pad, bos, eos and
-    unk tokens, wrapped for transformers."""
+    unk tokens, wrapped for transformers. Numbers are split into single digits before BPE, so no merge ever
+    joins two digits: " 19" is " ", "1", "9", and an unseen sum is spelt with the same tokens as a seen one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

@@ -55,6 +55,16 @@ def test_tiny_tokenizer_round_trips_the_builtin_task(tiny_model_dir, builtin_tex
     assert [(text, back) for text, back in zip(builtin_texts, decoded) if text != back] == []
 
 
+def test_tiny_tokenizer_splits_numbers_into_digits(tiny_model_dir, builtin_texts):
+    """Each digit is a token of its own (as in Llama 3 and Qwen), so " 12" and " 19" share their "1" and a sum
+    of numbers never seen together is still made of known digits."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokens = {token for text in builtin_texts for token in tokenizer.tokenize(text)}
+    with_digits = {token for token in tokens if any(c.isdigit() for c in token)}
+    assert with_digits == set("0123456789")
+    assert tokenizer.tokenize(" 38") == ["\u0120", "3", "8"]
+
+
 def test_tiny_special_tokens_are_distinct(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     special = {name: getattr(tokenizer, name) for name in SPECIAL_TOKENS}
