@@ -41,13 +41,15 @@ def engine_for(base_dir, tokenizer, stage, lora_dim=0):
     return engine
 
 
-def input_ids():
-    return torch.randint(4, 500, (2, 11), generator=torch.Generator().manual_seed(2))
+def input_ids(vocab_size):
+    """Two fixed rows of ids past the four special tokens."""
+    return torch.randint(4, vocab_size, (2, 11), generator=torch.Generator().manual_seed(2))
 
 
 def logits(model):
     with torch.no_grad():
-        return model(input_ids=input_ids()).logits
+        vocab_size = getattr(model, "module", model).config.vocab_size  # an engine or a plain model
+        return model(input_ids=input_ids(vocab_size)).logits
 
 
 def load_plain(path):
