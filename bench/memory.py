@@ -3,12 +3,12 @@ launcher), one thread each, and reports the peak RSS of every rank; the figure i
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from bench.worker import RESULT_PREFIX
+from utils.utils import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # A worker must start its own world, not join the bench's (a world of one it started in this process).
@@ -26,7 +26,7 @@ def worker_command(step, model, zero_stage, processes, steps):
     launcher = shutil.which("deepspeed")
     if launcher is None:
         raise RuntimeError("the `deepspeed` launcher is not on PATH (pip install deepspeed)")
-    return [launcher, "--num_gpus", str(processes), "--master_port", str(_free_port()), "--module", "bench.worker",
+    return [launcher, "--num_gpus", str(processes), "--master_port", str(free_port()), "--module", "bench.worker",
             *flags]
 
 
@@ -77,9 +77,3 @@ def memory_configs(zero_model, zero_stages, process_counts, steps=2, with_step3=
 
 def memory_label(step, model, stage, processes):
     return f"{step} {model} zero{stage} x{processes}"
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

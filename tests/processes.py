@@ -1,16 +1,11 @@
 """Running the CLIs as real processes from a test: a free rendezvous port and a clean environment."""
 import os
-import socket
 from pathlib import Path
+
+from utils.utils import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def subprocess_env():

@@ -18,7 +18,7 @@ def init_distributed():
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -33,7 +33,8 @@ def init_distributed():
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device
 
 
-def _free_port():
+def free_port():
+    """A TCP port free on this machine now, for a rendezvous (a world of one, or a launcher's master port)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
