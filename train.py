@@ -158,10 +158,10 @@ def check_inputs(args, dirs):
     if 3 in args.step:
         needs += [(3, 1), (3, 2)]
     for step, earlier in needs:
+        if earlier in args.step:  # made by this run before it is needed
+            continue
         folder, is_reward = dirs[earlier], earlier == 2
         what = "step-2 reward model" if is_reward else "step-1 actor"
-        if earlier in args.step:
-            continue
         if not (folder / "config.json").is_file():
             why = " (--reward-from-sft)" if step == 2 else ""
             raise ConfigError(f"--step {step}{why} needs the {what} {folder}, which does not exist: run --step "

@@ -76,12 +76,12 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     from inference.generation import generate, load_causal_lm
 
     decodings = ("greedy",) if greedy_only else DECODINGS
+    rounds = {decoding: samples_per_prompt if decoding == "sampled" else 1 for decoding in decodings}
     scorable = are_task_prompts(prompts)
     results = {}
     for name, spec in model_specs.items():
         model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
         model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
-        rounds = {decoding: samples_per_prompt if decoding == "sampled" else 1 for decoding in decodings}
         answers = {decoding: generate(model, tokenizer, model_prompts * rounds[decoding],
                                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                       greedy=decoding == "greedy", batch_size=batch_size, seed=seed)

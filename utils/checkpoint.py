@@ -285,8 +285,8 @@ class Checkpointer:
     def _prune(self):
         """Keep this run's newest save_total_limit checkpoints; delete every other folder in `checkpoints/`
         (older ones, an earlier run's, temporary folders left by a killed run). Rank 0, after `latest` moved."""
-        keep = {path.name for path in self.kept[-self.save_total_limit:]}
         self.kept = self.kept[-self.save_total_limit:]
+        keep = {path.name for path in self.kept}
         for path in self.root.iterdir():
             if path.is_dir() and path.name not in keep:
                 shutil.rmtree(path, ignore_errors=True)

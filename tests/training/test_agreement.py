@@ -29,17 +29,17 @@ per-step losses, losses ~6.2 -> 5.5 in step 1 and ~0.65-0.76 in step 2):
     step 1: 1 vs 2 processes 4.8e-7 (one fp32 ulp at 6), ZeRO-2 vs ZeRO-3 0;  accumulation, eval loss 0
     step 2: 1 vs 2 processes 1.2e-7, ZeRO-2 vs ZeRO-3 6.0e-8;  accumulation, eval scores 8.7e-6
 
-and on the tiny model of task version 2 (another tokenizer and initialisation, same code), step 2: 1 vs 2
-processes 9.9e-6, ZeRO-2 vs ZeRO-3 4.1e-6, accumulation 2.1e-4. The first step's loss is bit-identical in every
-run and the difference grows step after step (1e-7, 1e-6, 6e-6, 1e-5): AdamW compounds the rounding, by an amount
-that depends on the model. The tolerances are therefore set against the size of a fault rather than of one
-configuration's rounding: LOSS_TOLERANCE 1e-4 and EVAL_TOLERANCE 1e-3, ten times the largest rounding measured
-and a hundred (ten) times below a fault. A fault that feeds a step
-other samples (a rank reading the wrong part, a micro-batch left out) moves its loss by 1e-2 to 5e-2 here (the
-accumulated runs' logged losses, of 8 other samples, differ from the others' by that much), and one that changes
-the update (gradients not averaged over the ranks, a lost ZeRO-3 update) moves every later loss. The saved weights are not compared: AdamW turns a rounding-level difference
-in a near-zero gradient into a step of up to the learning rate (measured up to 2e-4 here), so weights say less
-than the losses and eval figures computed from them.
+and on the tiny model of task version 2 with the 512-token tokenizer (another tokenizer and initialisation, same
+code), step 2: 1 vs 2 processes 9.9e-6, ZeRO-2 vs ZeRO-3 4.1e-6, accumulation 2.1e-4. The first step's loss is
+bit-identical in every run and the difference grows step after step (1e-7, 1e-6, 6e-6, 1e-5): AdamW compounds
+the rounding, by an amount that depends on the model. The tolerances are therefore set against the size of a
+fault rather than of one configuration's rounding: LOSS_TOLERANCE 1e-4 and EVAL_TOLERANCE 1e-3, ten times the
+largest rounding measured and a hundred (ten) times below a fault. A fault that feeds a step other samples (a
+rank reading the wrong part, a micro-batch left out) moves its loss by 1e-2 to 5e-2 here (the accumulated runs'
+logged losses, of 8 other samples, differ from the others' by that much), and one that changes the update
+(gradients not averaged over the ranks, a lost ZeRO-3 update) moves every later loss. The saved weights are not
+compared: AdamW turns a rounding-level difference in a near-zero gradient into a step of up to the learning rate
+(measured up to 2e-4 here), so weights say less than the losses and eval figures computed from them.
 """
 import json
 import math

@@ -80,7 +80,8 @@ def main(argv=None):
                               batch_size=args.batch_size, reward_fn=reward_fn, dtype=args.dtype,
                               trust_remote_code=args.trust_remote_code, samples_per_prompt=args.samples_per_prompt)
 
-    print(f"{len(prompts)} prompts ({args.samples_per_prompt} sampled answer(s) each); baseline = {models['baseline']}, finetune = {models['finetune']}")
+    print(f"{len(prompts)} prompts ({args.samples_per_prompt} sampled answer(s) each); "
+          f"baseline = {models['baseline']}, finetune = {models['finetune']}")
     if args.num_show:
         print(format_side_by_side(prompts, results, args.num_show))
     table = format_score_table(results)
