@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from training.recipes import recipe_flags
-from utils.errors import ArgumentParser, ConfigError, cli_entry
+from utils.runtime.errors import ArgumentParser, ConfigError, cli_entry
 
 ROOT = Path(__file__).resolve().parent
 STEP_DIRS = {1: "step1_supervised_finetuning", 2: "step2_reward_model_finetuning", 3: "step3_rlhf_finetuning"}
@@ -145,7 +145,7 @@ def evaluation_command(args, dirs):
 
 def check_inputs(args, dirs):
     """What the steps will need and cannot make themselves, refused before anything is launched or written."""
-    from utils.model_utils import is_reward_model_folder
+    from utils.model.model_utils import is_reward_model_folder
 
     if args.deployment_type == "multi_node":
         hostfile = args.hostfile or "/job/hostfile"
@@ -199,7 +199,7 @@ def main(argv=None):
 
 def write_report(args, dirs, wall_times, evaluation_path):
     """Print the run's table and keep it as <output-dir>/report.md."""
-    from utils.report import pipeline_report
+    from utils.runtime.report import pipeline_report
 
     evaluation = None
     if evaluation_path is not None and evaluation_path.is_file():

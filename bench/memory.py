@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from bench.worker import RESULT_PREFIX
-from utils.utils import free_port
+from utils.runtime.dist import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # A worker must start its own world, not join the bench's (a world of one it started in this process).

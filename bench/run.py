@@ -51,7 +51,7 @@ def main(argv=None):
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
-    from utils.utils import init_distributed, quiet_transformers
+    from utils.runtime.dist import init_distributed, quiet_transformers
 
     init_distributed()
     quiet_transformers()

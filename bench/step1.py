@@ -11,9 +11,9 @@ import time
 import torch
 
 from bench.models import model_path
-from utils.ds_utils import get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
-from utils.monitor import training_flops
-from utils.utils import assert_finite
+from utils.runtime.dist import assert_finite
+from utils.runtime.ds_utils import get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
+from utils.runtime.monitor import training_flops
 
 # The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model in bf16 (the MFU target) on
 # full 256-token blocks of the built-in plain-text corpus.
@@ -38,7 +38,8 @@ def step1_batches(model_name, tokenizer, args, count):
     """`count` collated batches in step 1's order: for the tiny model, step 1's own SFT data; for the larger one,
     full `max_seq_len`-token blocks of the built-in corpus (real text, no padding, as a throughput test wants),
     through the same collator."""
-    from utils.data_utils import DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset, make_dataloader
+    from utils.data.data_utils import (DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset,
+                                       make_dataloader)
 
     if model_name == "tiny":
         dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 1, args.seed,
@@ -54,8 +55,8 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
     """The training engine exactly as step 1's main builds it from `args`."""
     from transformers import AutoModelForCausalLM
 
-    from utils.engine import train_ds_config_from_args, train_engine_from_args
-    from utils.model_utils import create_hf_model
+    from utils.model.model_utils import create_hf_model
+    from utils.runtime.engine import train_ds_config_from_args, train_engine_from_args
 
     ds_config = train_ds_config_from_args(args, world_size)
     model = create_hf_model(AutoModelForCausalLM, args.model_name_or_path, tokenizer, ds_config, args.dropout,
@@ -79,7 +80,7 @@ class BareTrainer:
     def __init__(self, args, tokenizer, total_steps=10 ** 6):
         from transformers import AutoModelForCausalLM, get_scheduler
 
-        from utils.model_utils import create_hf_model
+        from utils.model.model_utils import create_hf_model
 
         self.model = create_hf_model(AutoModelForCausalLM, args.model_name_or_path, tokenizer, None, args.dropout)
         self.model.to(torch_dtype(args.dtype)).train()
@@ -145,7 +146,7 @@ def measure_step1(model_name, repeats, warmup, num_batches=8, quick=False):
     """Tokens/s and FLOP/s of ours and of the bare loop (pairs), their ratio, and the MFU of each run: its FLOP/s
     over the FLOP/s of a large matmul in the same dtype measured just before it."""
     from bench.measure import paired_rates
-    from utils.model_utils import count_parameters, load_tokenizer
+    from utils.model.model_utils import count_parameters, load_tokenizer
 
     case = CASES[model_name]
     path = model_path(model_name)

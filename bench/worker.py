@@ -26,7 +26,7 @@ def parse_args(argv=None):
 def run_step1(model_name, zero_stage, steps, world_size):
     from bench.models import model_path
     from bench.step1 import CASES, build_engine, engine_train_step, step1_args, step1_batches
-    from utils.model_utils import load_tokenizer
+    from utils.model.model_utils import load_tokenizer
 
     case = CASES[model_name]
     path = model_path(model_name)
@@ -50,7 +50,7 @@ def run_step3(steps):
 
 def main(argv=None):
     from bench.measure import peak_rss_mb
-    from utils.utils import init_distributed, is_rank_0, quiet_transformers
+    from utils.runtime.dist import init_distributed, is_rank_0, quiet_transformers
 
     args = parse_args(argv)
     _, world_size, _, _ = init_distributed()

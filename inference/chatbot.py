@@ -9,8 +9,8 @@ Three ways to run it:
 """
 import sys
 
-from utils.args import ArgumentParser
-from utils.errors import ChatRLHFError, cli_entry
+from utils.runtime.args import ArgumentParser
+from utils.runtime.errors import ChatRLHFError, cli_entry
 
 CLEAR, QUIT = "clear", "quit"
 DS_CHAT_TURN_START = "Human:"
@@ -104,11 +104,11 @@ def main(argv=None):
     args = parse_args(argv)
     if args.prompt is not None and not args.prompt.strip():
         raise ChatRLHFError("--prompt is empty")
-    from utils.model_utils import resolve_model_path
+    from utils.model.model_utils import resolve_model_path
 
     path = resolve_model_path(args.path)  # a mistyped path fails at once, before torch is imported
     from inference.generation import load_causal_lm
-    from utils.utils import quiet_transformers
+    from utils.runtime.dist import quiet_transformers
 
     quiet_transformers()
     model, tokenizer = load_causal_lm(path, args.dtype, args.trust_remote_code)

@@ -6,16 +6,16 @@ quick start; `format_side_by_side` and `format_score_table` print what it return
 import json
 from pathlib import Path
 
-from utils import task
-from utils.errors import DataError
-from utils.prompting import model_prompt
+from utils.builtin import task
+from utils.data.prompting import model_prompt
+from utils.runtime.errors import DataError
 
 DECODINGS = ("sampled", "greedy")
 
 
 def builtin_prompts():
     """The built-in task's held-out prompts (skills in turn, so any first N are balanced)."""
-    from utils.raw_datasets import builtin_data_dir
+    from utils.data.raw_datasets import builtin_data_dir
 
     return [record["prompt"] for record in task.heldout_prompts(builtin_data_dir())]
 

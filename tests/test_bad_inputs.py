@@ -173,8 +173,10 @@ def write_bad_data(tmp):
 
 def in_process_mains():
     from inference import chatbot
-    from training.step1_supervised_finetuning import main as step1, prompt_eval
-    from training.step2_reward_model_finetuning import main as step2, rw_eval
+    from training.step1_supervised_finetuning import main as step1
+    from training.step1_supervised_finetuning import prompt_eval
+    from training.step2_reward_model_finetuning import main as step2
+    from training.step2_reward_model_finetuning import rw_eval
     from training.step3_rlhf_finetuning import main as step3
 
     return {"step1": step1.main, "step2": step2.main, "step3": step3.main, "chat": chatbot.main,

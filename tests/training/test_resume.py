@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
-
 from processes import subprocess_env
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 STEP1 = REPO / "training" / "step1_supervised_finetuning"

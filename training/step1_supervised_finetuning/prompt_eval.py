@@ -7,13 +7,17 @@ decoding. Any prompts file whose prompts are all built-in task prompts is scored
     python training/step1_supervised_finetuning/prompt_eval.py \\
         --model_name_or_path_baseline tiny --model_name_or_path_finetune output/actor --num_prompts 40
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
 import json
 
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
-from utils.args import ArgumentParser, check_output_file
-from utils.errors import ConfigError, cli_entry
-from utils.model_utils import is_reward_model_folder, resolve_model_path
+from utils.model.model_utils import is_reward_model_folder, resolve_model_path
+from utils.runtime.args import ArgumentParser, check_output_file
+from utils.runtime.errors import ConfigError, cli_entry
 
 
 def parse_args(argv=None):
@@ -63,12 +67,12 @@ def main(argv=None):
                               "language model; pass a step-1 or step-3 actor folder or a base model")
     prompts = read_prompts_file(args.prompts_file) if args.prompts_file else builtin_prompts()
     prompts = prompts[:args.num_prompts]
-    from utils.utils import quiet_transformers
+    from utils.runtime.dist import quiet_transformers
 
     quiet_transformers()
     reward_fn = None
     if args.reward_model:
-        from utils.reward_model import load_reward_model, score_answers
+        from utils.model.reward_model import load_reward_model, score_answers
 
         reward_model, reward_tokenizer = load_reward_model(args.reward_model, args.trust_remote_code)
 

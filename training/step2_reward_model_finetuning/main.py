@@ -4,25 +4,29 @@ A base transformer with a scalar value head scores each sequence at its last rea
 is the Bradley-Terry pairwise loss -log sigmoid(r_chosen - r_rejected), averaged over pairs. Accuracy and the
 mean chosen/rejected scores on the eval split are measured before training, every --eval_interval steps and at
 the end. The result is a reward-model folder in --output_dir that step 3 and rw_eval.py load.
-With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/checkpoint.py), and --resume
+With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and --resume
 continues from the latest one exactly as the uninterrupted run would have gone on.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
 import time
 
 import torch
 
-from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args, add_logging_args,
-                        add_lora_args, add_model_args, add_training_args, check_common_args)
-from utils.checkpoint import Checkpointer, TrainingPosition
-from utils.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
-from utils.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
-                          write_metrics)
-from utils.errors import ConfigError, cli_entry
-from utils.model_utils import count_parameters, load_tokenizer, resolve_model_path
-from utils.monitor import Monitor, Throughput, format_scalars
-from utils.reward_model import RewardModel
-from utils.save import save_hf_model
-from utils.utils import all_reduce_mean, assert_finite, print_rank_0, to_device
+from utils.data.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
+from utils.model.model_utils import count_parameters, load_tokenizer, resolve_model_path
+from utils.model.reward_model import RewardModel
+from utils.model.save import save_hf_model
+from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
+                                add_logging_args, add_lora_args, add_model_args, add_training_args, check_common_args)
+from utils.runtime.checkpoint import Checkpointer, TrainingPosition
+from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
+from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
+                                  write_metrics)
+from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.monitor import Monitor, Throughput, format_scalars
 
 
 def parse_args(argv=None):

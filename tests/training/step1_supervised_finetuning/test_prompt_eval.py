@@ -9,9 +9,9 @@ import pytest
 
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
-from utils import task
-from utils.errors import DataError
-from utils.model_utils import resolve_model_path
+from utils.builtin import task
+from utils.model.model_utils import resolve_model_path
+from utils.runtime.errors import DataError
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "training" / "step1_supervised_finetuning" / "prompt_eval.py"

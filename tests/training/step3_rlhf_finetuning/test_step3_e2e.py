@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from processes import subprocess_env
 
 REPO = Path(__file__).resolve().parents[3]
@@ -40,7 +39,7 @@ def check_outputs(out_dir, model_dirs, tokenizer, with_ema=False):
     holds finite numbers for the requested two steps."""
     from transformers import AutoModelForCausalLM
 
-    from utils.reward_model import RewardModel
+    from utils.model.reward_model import RewardModel
 
     start = AutoModelForCausalLM.from_pretrained(model_dirs[0]).eval()
     actor = AutoModelForCausalLM.from_pretrained(out_dir / "actor").eval()
@@ -118,7 +117,7 @@ def test_swapped_model_folders_end_in_one_error_line_and_exit_2(step3_model_dirs
 
 def test_resolve_step_models_checks_each_folders_kind(step3_model_dirs):
     from training.step3_rlhf_finetuning.main import parse_args, resolve_step_models
-    from utils.errors import ConfigError
+    from utils.runtime.errors import ConfigError
 
     actor_dir, critic_dir = map(str, step3_model_dirs)
 
@@ -135,7 +134,7 @@ def test_resolve_step_models_checks_each_folders_kind(step3_model_dirs):
 
 def test_only_optimize_lora_is_accepted_with_an_actor_or_critic_lora_dim():
     from training.step3_rlhf_finetuning.main import parse_args
-    from utils.errors import ConfigError
+    from utils.runtime.errors import ConfigError
 
     base = ["--actor_model_name_or_path", "a", "--critic_model_name_or_path", "b", "--output_dir", "unused"]
     assert parse_args(base + ["--actor_lora_dim", "4", "--only_optimize_lora"]).only_optimize_lora
