@@ -1,9 +1,10 @@
-"""From raw data sets to batches: DeepSpeed-Chat's `data_split` across the three phases, tokenization with
-answer-only labels, and the collators of each phase.
+"""From raw data sets to batches: DeepSpeed-Chat's `data_split` across the training steps, tokenization with
+answer-only labels, and the collators of each kind of sample.
 
-`--data_split 2,4,4` cuts every data set's train and eval splits into three parts in those proportions, after a
-seeded shuffle: phase 1 (SFT) uses part 0, phase 2 (reward model) part 1, phase 3 (PPO) part 2, so no example is
-trained on twice. The shuffled indices of each part are cached in `--data_output_path` as `.npy` files written
+`--data_split 2,4,4` cuts every data set's train and eval splits into parts in those proportions, after a seeded
+shuffle: step 1 (SFT) uses part 0, step 2 (reward model or DPO) part 1, step 3 (RL) part 2, so no example is
+trained on twice. A split may have fewer or more parts, as long as every step that runs has its own.
+Phase 1 makes SFT samples (prompt + answer), phase 2 preference pairs, phase 3 prompts. The shuffled indices of each part are cached in `--data_output_path` as `.npy` files written
 and read without pickle.
 """
 import os
@@ -21,14 +22,14 @@ PHASES = (1, 2, 3)
 
 
 def parse_data_split(data_split):
-    """`"2,4,4"` -> [0.2, 0.4, 0.4]; refuses anything but three non-negative numbers with a positive sum."""
+    """`"2,4,4"` -> [0.2, 0.4, 0.4]; refuses anything but finite non-negative numbers with a positive sum."""
     try:
         parts = [float(part) for part in data_split.split(",")]
     except ValueError:
         parts = []
-    if len(parts) != 3 or any(part < 0 or part != part for part in parts) or sum(parts) <= 0:
-        raise ConfigError(f"--data_split {data_split!r} must be three comma-separated non-negative numbers with a "
-                          "positive sum, like 2,4,4")
+    if not parts or not all(0 <= part < float("inf") for part in parts) or sum(parts) <= 0:
+        raise ConfigError(f"--data_split {data_split!r} must be comma-separated finite non-negative numbers with a "
+                          "positive sum, one per step, like 2,4,4")
     total = sum(parts)
     return [part / total for part in parts]
 
@@ -51,6 +52,9 @@ def shuffled_indices(seed, data_size):
 def split_part_indices(output_path, dataset_name, seed, split_name, data_split, part, data_size):
     """Indices of part `part` of a split of `data_size` rows, cached per data set, seed, split and data_split."""
     fractions = parse_data_split(data_split)
+    if part >= len(fractions):
+        raise ConfigError(f"--data_split {data_split} has {len(fractions)} part(s), but step {part + 1} trains on "
+                          f"part {part + 1}: give one part per step, like 2,4,4")
     cache_file = os.path.join(output_path, f"{dataset_name}_seed{seed}_{split_name}_{data_split}_{part}.npy")
     start, end = split_bounds(data_size, fractions)[part]
     if os.path.isfile(cache_file):

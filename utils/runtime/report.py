@@ -19,11 +19,12 @@ def _change(metrics, before, after, digits=3):
     return f"{metrics[before]:.{digits}f} -> {metrics[after]:.{digits}f}"
 
 
-def pipeline_report(step_dirs, wall_times, evaluation=None, command=None):
-    """Markdown for the steps whose metrics exist. step_dirs: {1: actor dir, 2: reward dir, 3: step-3 dir};
-    wall_times: {step: seconds} of this run; evaluation: `inference.evaluation.evaluate_models` output with
-    models "baseline" (step-1 actor) and "finetune" (step-3 actor)."""
-    sft, reward, ppo = (_load(Path(step_dirs[step]) / "metrics.json") for step in (1, 2, 3))
+def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
+    """Markdown for the stages whose metrics exist. stage_dirs: {stage name (train.py's STAGES): its output
+    folder}; wall_times: {stage: seconds} of this run; evaluation: `inference.evaluation.evaluate_models` output
+    with models "baseline" (step-1 actor) and "finetune" (the final actor)."""
+    sft, reward, dpo, ppo, rl = (_load(Path(stage_dirs[name]) / "metrics.json") if name in stage_dirs else None
+                                 for name in ("sft", "reward", "dpo", "ppo", "rl"))
     rows = []
     if sft:
         rows.append(("1 SFT", "eval perplexity", _change(sft, "perplexity_before", "perplexity_after", 2)))
@@ -32,22 +33,25 @@ def pipeline_report(step_dirs, wall_times, evaluation=None, command=None):
                      _change(reward, "accuracy_before", "accuracy_after")))
         rows.append(("2 reward model", "eval mean score chosen / rejected",
                      f"{_fmt(reward.get('chosen_score_after'))} / {_fmt(reward.get('rejected_score_after'))}"))
-    if ppo:
-        rows.append(("3 PPO", "mean reward-model score (first -> last tenth)",
-                     _change(ppo, "score_start", "score_end")))
-        rows.append(("3 PPO", "KL to reference, nats per answer (last tenth)", _fmt(ppo.get("kl_end"))))
-        rows.append(("3 PPO", "answers ending in EOS (last tenth)", _fmt(ppo.get("eos_fraction_end"))))
+    if dpo:
+        rows.append(("2 DPO", "eval preference accuracy (chosen > rejected)",
+                     _change(dpo, "accuracy_before", "accuracy_after")))
+    for name, metrics in (("3 PPO", ppo), ("3 RL", rl)):
+        if metrics:
+            rows.append((name, "mean score (first -> last tenth)", _change(metrics, "score_start", "score_end")))
+            rows.append((name, "KL to reference, nats per answer (last tenth)", _fmt(metrics.get("kl_end"))))
+            rows.append((name, "answers ending in EOS (last tenth)", _fmt(metrics.get("eos_fraction_end"))))
     if evaluation and {"baseline", "finetune"} <= set(evaluation):
         for decoding in ("sampled", "greedy"):
             before, after = evaluation["baseline"].get(decoding, {}), evaluation["finetune"].get(decoding, {})
             if "all" in before and "all" in after:
-                rows.append(("eval", f"held-out checker score, {decoding} (step-1 -> step-3 actor)",
+                rows.append(("eval", f"held-out checker score, {decoding} (step-1 -> final actor)",
                              f"{before['all']:.3f} -> {after['all']:.3f}"))
             if "reward" in before and "reward" in after:
-                rows.append(("eval", f"held-out reward-model score, {decoding} (step-1 -> step-3 actor)",
+                rows.append(("eval", f"held-out reward-model score, {decoding} (step-1 -> final actor)",
                              f"{before['reward']:.3f} -> {after['reward']:.3f}"))
-    for step, seconds in wall_times.items():
-        rows.append((f"{step}", "wall time", f"{seconds:.0f} s"))
+    for stage, seconds in wall_times.items():
+        rows.append((stage, "wall time", f"{seconds:.0f} s"))
     if wall_times:
         rows.append(("all", "wall time", f"{sum(wall_times.values()):.0f} s"))
     lines = ["| step | measure | value |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]

@@ -45,15 +45,16 @@ def decode(tokenizer, token_ids):
 
 @pytest.mark.parametrize("text, expected", [("2,4,4", [0.2, 0.4, 0.4]), ("10,0,0", [1.0, 0.0, 0.0]),
                                             ("0.5,0.25,0.25", [0.5, 0.25, 0.25]), ("1,1,2", [0.25, 0.25, 0.5]),
-                                            (" 1, 2 ,1", [0.25, 0.5, 0.25])])
+                                            (" 1, 2 ,1", [0.25, 0.5, 0.25]), ("2,8", [0.2, 0.8]), ("5", [1.0]),
+                                            ("1,1,1,1", [0.25] * 4)])
 def test_parse_data_split_valid(text, expected):
     fractions = parse_data_split(text)
     assert fractions == pytest.approx(expected)
     assert sum(fractions) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("text", ["1,2", "1,2,3,4", "5", "", "-1,1,1", "1,-0.5,1", "0,0,0", "a,b,c", "1,,2",
-                                  "nan,1,1", "2;4;4"])
+@pytest.mark.parametrize("text", ["", "-1,1,1", "1,-0.5,1", "0,0,0", "a,b,c", "1,,2", "nan,1,1", "inf,1,1",
+                                  "2;4;4"])
 def test_parse_data_split_invalid_names_the_flag(text):
     with pytest.raises(ConfigError, match="--data_split"):
         parse_data_split(text)
@@ -179,8 +180,10 @@ def test_create_prompt_dataset_with_nothing_left_raises(tmp_path, data_dir, tiny
 def test_create_prompt_dataset_refuses_bad_phase_and_split(tmp_path, data_dir, tiny_tokenizer):
     with pytest.raises(ConfigError):
         create_prompt_dataset([str(data_dir)], "2,4,4", str(tmp_path), 4, 1, tiny_tokenizer, 128)
-    with pytest.raises(ConfigError, match="--data_split"):
-        create_prompt_dataset([str(data_dir)], "2,4", str(tmp_path), 1, 1, tiny_tokenizer, 128)
+    with pytest.raises(ConfigError, match="--data_split 2,4 has 2 part"):  # step 3 needs a third part
+        create_prompt_dataset([str(data_dir)], "2,4", str(tmp_path), 3, 1, tiny_tokenizer, 128)
+    train, _ = create_prompt_dataset([str(data_dir)], "2,4", str(tmp_path), 2, 1, tiny_tokenizer, 128)
+    assert len(train) > 0  # steps 1 and 2 alone need two parts only
 
 
 # --------------------------------------------------------------------------- SFT samples
