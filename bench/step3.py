@@ -32,7 +32,7 @@ def build_trainer(model_name="tiny", dtype="fp32"):
     critic_path = reward_model_path(actor_path)
     tokenizer = load_tokenizer(actor_path)
     args = step3_args(actor_path, critic_path, dtype)
-    engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, num_total_iters=10 ** 6, world_size=1)
+    engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, actor_steps=10 ** 6, critic_steps=10 ** 6, world_size=1)
     return PPOTrainer(engine, args), args, tokenizer
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
 import itertools
-import math
 import random
 import time
 
@@ -72,8 +71,8 @@ def main(argv=None):
     total_steps = args.num_train_epochs * steps_per_epoch
     total_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
     minibatches = args.per_device_generation_batch_size // args.per_device_training_batch_size
-    num_total_iters = math.ceil(total_steps * minibatches * args.ppo_epochs / args.gradient_accumulation_steps)
-    engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, num_total_iters, world_size)
+    actor_steps, critic_steps = planned_optimizer_steps(args, total_steps)
+    engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, actor_steps, critic_steps, world_size)
     trainer = PPOTrainer(engine, args)
     print_rank_0(f"PPO: {len(prompt_dataset)} prompts, {total_steps} steps of {args.per_device_generation_batch_size}"
                  f" x {world_size} rollouts, {args.ppo_epochs} PPO epoch(s) of {minibatches} minibatch(es)")
@@ -127,8 +126,26 @@ def main(argv=None):
             save_hf_model(model_engine.module, tokenizer, f"{args.output_dir}/{name}",
                           model_engine.zero_optimization_stage())
     metrics = summarize(history, time.time() - start_time)
+    metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps,
+                   critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
     write_metrics(args.output_dir, metrics)
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+
+
+def planned_optimizer_steps(args, total_steps):
+    """(actor, critic) optimizer steps of the run, the length of their learning-rate schedules.
+
+    Each PPO round (--generation_batches prompt batches) makes ppo_epochs x (its rows / training batch) minibatch
+    updates. The critic steps on every one; the actor skips the critic warm-up rounds and, with an unsupervised
+    data set, takes a second (language-modelling) micro-step after each. DeepSpeed steps the optimizer once per
+    --gradient_accumulation_steps micro-steps."""
+    rounds = total_steps // args.generation_batches
+    updates_per_round = (args.generation_batches * args.ppo_epochs
+                         * (args.per_device_generation_batch_size // args.per_device_training_batch_size))
+    actor_rounds = max(0, rounds - args.critic_warmup_steps)
+    actor_micro_steps = actor_rounds * updates_per_round * (2 if args.unsupervised_dataset_name else 1)
+    accumulation = args.gradient_accumulation_steps
+    return max(1, actor_micro_steps // accumulation), max(1, rounds * updates_per_round // accumulation)
 
 
 def print_sample(experience, tokenizer):

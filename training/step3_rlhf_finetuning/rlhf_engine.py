@@ -41,9 +41,10 @@ def use_native_generate_on_cpu():
 
 class DeepSpeedRLHFEngine:
 
-    def __init__(self, actor_path, critic_path, tokenizer, args, num_total_iters, world_size):
+    def __init__(self, actor_path, critic_path, tokenizer, args, actor_steps, critic_steps, world_size):
+        """actor_steps, critic_steps: the optimizer steps each model will take, the length of its schedule."""
         self.args, self.tokenizer, self.world_size = args, tokenizer, world_size
-        self.num_total_iters = num_total_iters
+        self.actor_steps, self.critic_steps = actor_steps, critic_steps
         use_native_generate_on_cpu()
         self.actor = self._init_actor(actor_path)
         self.ref = self._init_frozen_causal_lm(actor_path, "reference")
@@ -80,7 +81,7 @@ class DeepSpeedRLHFEngine:
                                    weight_decay=args.actor_weight_decay,
                                    lora_learning_rate=args.actor_lora_learning_rate, offload=args.offload,
                                    lr_scheduler_type=args.lr_scheduler_type, num_warmup_steps=args.num_warmup_steps,
-                                   num_training_steps=self.num_total_iters)
+                                   num_training_steps=self.actor_steps)
         print_rank_0(f"actor: {type(engine).__name__}, ZeRO-{args.actor_zero_stage}")
         return engine
 
@@ -103,7 +104,7 @@ class DeepSpeedRLHFEngine:
                                    weight_decay=args.critic_weight_decay,
                                    lora_learning_rate=args.critic_lora_learning_rate, offload=args.offload,
                                    lr_scheduler_type=args.lr_scheduler_type, num_warmup_steps=args.num_warmup_steps,
-                                   num_training_steps=self.num_total_iters)
+                                   num_training_steps=self.critic_steps)
         print_rank_0(f"critic: ZeRO-{args.critic_zero_stage}")
         return engine
 

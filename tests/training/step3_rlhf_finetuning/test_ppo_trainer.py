@@ -37,7 +37,7 @@ def make_args(actor_dir, critic_dir, *extra):
 
 def build_engine(actor_dir, critic_dir, tokenizer, *extra):
     args = make_args(actor_dir, critic_dir, *extra)
-    return DeepSpeedRLHFEngine(str(actor_dir), str(critic_dir), tokenizer, args, num_total_iters=10, world_size=1)
+    return DeepSpeedRLHFEngine(str(actor_dir), str(critic_dir), tokenizer, args, actor_steps=10, critic_steps=10, world_size=1)
 
 
 def make_trainer(engine, **overrides):

@@ -35,7 +35,7 @@ def make_args(model_dirs, *extra):
 
 def build_engine(model_dirs, tokenizer, *extra):
     args = make_args(model_dirs, *extra)
-    return DeepSpeedRLHFEngine(str(model_dirs[0]), str(model_dirs[1]), tokenizer, args, num_total_iters=10,
+    return DeepSpeedRLHFEngine(str(model_dirs[0]), str(model_dirs[1]), tokenizer, args, actor_steps=10, critic_steps=10,
                                world_size=1)
 
 
