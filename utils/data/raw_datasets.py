@@ -22,6 +22,8 @@ Names understood by `get_raw_dataset(name, seed)`:
   `cache_dir()/builtin-data/v<TASK_VERSION>-seed1234` and read like a local directory.
 * `local/jsonfile`: the directory `./data` under the current working directory, holding
   train.json and eval.json (DeepSpeed-Chat's name for the same idea).
+* `reasoning_gym:<task>[?key=value&...][,<task>...]`: questions of reasoning-gym tasks, generated in
+  memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
 * any existing local path: a directory holding train.json (or train.jsonl) and eval.json
   (or eval.jsonl), or a single .json/.jsonl file that is split 9:1 into train/eval.
 
@@ -550,7 +552,7 @@ KNOWN_NAMES = (*HUB_DATASETS, "builtin", "local/jsonfile")
 
 def get_raw_dataset(name: str, seed: int) -> RawDataset:
     """The raw data set called `name`: a known hub name, `builtin`, `local/jsonfile`
-    (./data under the current directory) or an existing local path."""
+    (./data under the current directory), a `reasoning_gym:` spec or an existing local path."""
     if name in HUB_DATASETS:
         return HUB_DATASETS[name](seed=seed)
     if name == "builtin":
@@ -561,6 +563,10 @@ def get_raw_dataset(name: str, seed: int) -> RawDataset:
             raise DataError(f"local/jsonfile: {data}: no such directory (local/jsonfile reads train.json "
                             f"and eval.json from ./data under the current directory)")
         return LocalJsonFile(data, seed=seed, name="local/jsonfile")
+    if name.startswith("reasoning_gym:"):
+        from utils.data.reasoning_gym_data import ReasoningGym  # lazy: reasoning-gym is an optional extra
+
+        return ReasoningGym(name, seed=seed)
     if os.path.exists(os.path.expanduser(name)):
         return LocalJsonFile(name, seed=seed)
     raise DataError(f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) "
