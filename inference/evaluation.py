@@ -1,4 +1,5 @@
-"""Comparing models on the same prompts: their answers, the built-in task's checker scores, an optional reward.
+"""Comparing models on the same prompts: their answers, a checker's scores (the built-in task's, or a reasoning-gym
+spec's verifier), an optional reward.
 
 `evaluate_models` serves the step-1 prompt evaluation (baseline vs fine-tuned), the step-3 comparison and the
 quick start; `format_side_by_side` and `format_score_table` print what it returns.
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from utils.builtin import task
 from utils.data.prompting import model_prompt
-from utils.runtime.errors import DataError
+from utils.runtime.errors import ConfigError, DataError
 
 DECODINGS = ("sampled", "greedy")
 
@@ -18,6 +19,21 @@ def builtin_prompts():
     from utils.data.raw_datasets import builtin_data_dir
 
     return [record["prompt"] for record in task.heldout_prompts(builtin_data_dir())]
+
+
+def heldout_set(data_path):
+    """(prompts, checker) of a data path's held-out questions. `builtin`: the built-in task's held-out prompts,
+    checker None (evaluate_models' default, `task.summarize_scores`: keys "all" and per skill); a `reasoning_gym:`
+    spec: its held-out part, tasks in turn, checker its verifier's `summarize` (keys "all" and per task)."""
+    if data_path == "builtin":
+        return builtin_prompts(), None
+    if data_path.startswith("reasoning_gym:"):
+        from utils.data.reasoning_gym_data import gym_data
+
+        data = gym_data(data_path)
+        return [item.prompt for item in data.parts["heldout"]], data.verifier.summarize
+    raise ConfigError(f"--data_path {data_path}: held-out prompts come from 'builtin' or a reasoning_gym: spec; "
+                      "give other prompts with --prompts_file")
 
 
 def read_prompts_file(path):
@@ -57,7 +73,7 @@ def are_task_prompts(prompts):
 
 def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy_only=False,
                     seed=1234, batch_size=32, reward_fn=None, dtype="fp32", trust_remote_code=False,
-                    samples_per_prompt=1):
+                    samples_per_prompt=1, checker=None):
     """Answer `prompts` with each model and score the answers.
 
     model_specs: {name: model folder or built-in name, or an already loaded (model, tokenizer)}; models given
@@ -68,16 +84,19 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     scores are means over all of them: a sampled score from one answer per prompt is noisy.
     reward_fn: optional `reward_fn(prompts, answers) -> list[float]` (e.g. a step-2 reward model); the mean
     is reported as "reward".
+    checker: optional `checker(prompts, answers) -> {"all": mean score, <group>: mean, ...}` (e.g. a reasoning-gym
+    verifier's `summarize`, grouped by task); by default `task.summarize_scores` when every prompt is a built-in
+    task prompt ({"all": mean checker score, "add": ..., per skill present}).
 
     Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]}}},
-    where scores is `task.summarize_scores` ({"all": mean checker score, "add": ..., per skill present}) when
-    every prompt is a built-in task prompt (else {}), plus "reward" when reward_fn is given.
+    where scores is the checker's summary (or {} without a checker), plus "reward" when reward_fn is given.
     """
     from inference.generation import generate, load_causal_lm
 
     decodings = ("greedy",) if greedy_only else DECODINGS
     rounds = {decoding: samples_per_prompt if decoding == "sampled" else 1 for decoding in decodings}
-    scorable = are_task_prompts(prompts)
+    if checker is None and are_task_prompts(prompts):
+        checker = task.summarize_scores
     results = {}
     for name, spec in model_specs.items():
         model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
@@ -90,7 +109,7 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
         result = {}
         for decoding in decodings:
             answered = prompts * rounds[decoding]
-            scores = task.summarize_scores(answered, answers[decoding]) if scorable else {}
+            scores = dict(checker(answered, answers[decoding])) if checker else {}
             if reward_fn is not None:
                 rewards = [float(r) for r in reward_fn(answered, answers[decoding])]
                 scores["reward"] = sum(rewards) / len(rewards)
@@ -115,16 +134,19 @@ def format_side_by_side(prompts, results, num_show=8, width=28):
 
 
 def format_score_table(results):
-    """Mean scores per model and decoding: "all", each skill, and "reward" when present ("" if no scores)."""
+    """Mean scores per model and decoding: "all", each skill or task, and "reward" when present ("" if no
+    scores). Columns come in the order of the scores, "reward" last."""
     rows = [(name, decoding, scores) for name, result in results.items()
             for decoding in DECODINGS if decoding in result for scores in [result[decoding]]]
-    columns = [key for key in ("all", *task.SKILLS, "reward") if any(key in scores for _, _, scores in rows)]
+    columns = list(dict.fromkeys(key for _, _, scores in rows for key in scores if key != "reward"))
+    columns += ["reward"] if any("reward" in scores for _, _, scores in rows) else []
     if not columns:
         return ""
     name_width = max(len("model"), *(len(name) for name, _, _ in rows))
-    lines = [f"{'model':{name_width}}  {'decoding':8}  " + "  ".join(f"{c:>7}" for c in columns)]
+    widths = {c: max(7, len(c)) for c in columns}
+    lines = [f"{'model':{name_width}}  {'decoding':8}  " + "  ".join(f"{c:>{widths[c]}}" for c in columns)]
     for name, decoding, scores in rows:
-        cells = [f"{scores[c]:7.3f}" if c in scores else f"{'-':>7}" for c in columns]
+        cells = [f"{scores[c]:{widths[c]}.3f}" if c in scores else f"{'-':>{widths[c]}}" for c in columns]
         lines.append(f"{name:{name_width}}  {decoding:8}  " + "  ".join(cells))
     return "\n".join(lines)
 

@@ -136,3 +136,37 @@ def test_prompt_eval_cli_refuses_a_missing_model_before_generating():
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["error: model path /nonexistent/actor does not exist"]
     assert result.stdout == ""
+
+
+def test_score_table_columns_follow_the_scores_with_wide_task_names():
+    results = {"m": {"greedy": {"all": 0.5, "family_relationships": 1.0, "gcd": 0.0, "reward": -1.5},
+                     "answers": {"greedy": ["a", "b"]}}}
+    assert format_score_table(results).splitlines() == [
+        "model  decoding      all  family_relationships      gcd   reward",
+        "m      greedy      0.500                 1.000    0.000   -1.500",
+    ]
+
+
+def test_prompt_eval_on_reasoning_gym_heldout_questions_scores_per_task(tmp_path, capsys):
+    """--data_path with a reasoning-gym spec: its held-out questions, tasks in turn, scored by each task's
+    verifier; evaluation.json has the usual schema with per-task keys."""
+    pytest.importorskip("reasoning_gym")
+    from training.step1_supervised_finetuning import prompt_eval
+    from utils.data.reasoning_gym_data import gym_data
+
+    spec = "reasoning_gym:chain_sum?max_terms=2&size=40,syllogism?size=40"
+    output = tmp_path / "evaluation.json"
+    prompt_eval.main(["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny",
+                      "--data_path", spec, "--num_prompts", "6", "--max_new_tokens", "4", "--num_show", "1",
+                      "--output_json", str(output)])
+    assert "mean reasoning-gym score" in capsys.readouterr().out
+    results = json.loads(output.read_text())
+    data = gym_data(spec)
+    prompts = [item.prompt for item in data.parts["heldout"][:6]]
+    assert [data.verifier.item(p).task for p in prompts] == ["chain_sum", "syllogism"] * 3
+    for name in ("baseline", "finetune"):
+        for decoding in ("sampled", "greedy"):
+            scores = results[name][decoding]
+            assert list(scores) == ["all", "chain_sum", "syllogism"]
+            assert scores == pytest.approx(data.verifier.summarize(prompts, results[name]["answers"][decoding]))
+
