@@ -30,6 +30,7 @@ class Case:
     argv: list      # "{tmp}", "{out}", "{actor}", "{critic}" are filled in
     message: tuple  # each must appear in the one error line
     exit_code: int = 2
+    hide_module: str = ""  # a package made unimportable for the case (in-process CLIs only)
 
 
 STEP1 = ["--output_dir", "{out}", "--max_steps", "1", "--data_output_path", "{tmp}/cache"]
@@ -55,6 +56,16 @@ CASES = [
          ("no train data left for phase 1", "--data_split 0,1,1")),
     Case("step1 every prompt fills --max_seq_len", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--max_seq_len", "4"], ("no train data left for phase 1",)),
+    # step 1: reasoning-gym data
+    Case("step1 unknown reasoning-gym task", "step1", [*STEP1, "--data_path", "reasoning_gym:chain_summ"],
+         ("reasoning_gym:chain_summ: unknown reasoning-gym task (did you mean chain_sum",)),
+    Case("step1 unknown reasoning-gym setting", "step1", [*STEP1, "--data_path", "reasoning_gym:chain_sum?min_term=2"],
+         ("reasoning_gym:chain_sum: unknown key 'min_term'", "valid keys: allow_negation,")),
+    Case("step1 reasoning-gym setting of the wrong type", "step1",
+         [*STEP1, "--data_path", "reasoning_gym:chain_sum?min_terms=two"],
+         ("reasoning_gym:chain_sum: min_terms=two is not an int",)),
+    Case("step1 reasoning-gym without the package", "step1", [*STEP1, "--data_path", "reasoning_gym:chain_sum"],
+         ("needs the reasoning-gym package", 'pip install -e ".[gym]"'), hide_module="reasoning_gym"),
     # step 1: model
     Case("step1 model path that does not exist", "step1", [*STEP1, "--model_name_or_path", "./no/such/model"],
          ("model path ./no/such/model does not exist",)),
@@ -81,6 +92,9 @@ CASES = [
          ("no train data left for phase 2",)),
     Case("step2 --only_optimize_lora without LoRA", "step2", [*STEP2, "--only_optimize_lora"],
          ("--only_optimize_lora needs --lora_dim > 0",)),
+    Case("step2 reasoning-gym task without reference answers", "step2",
+         [*STEP2, "--data_path", "reasoning_gym:graph_color?size=20"],
+         ("reasoning_gym:graph_color?size=20: no task here has reference answers",)),
     # step 3: the step-1 / step-2 folders
     Case("step3 missing step-1 output", "step3",
          [*STEP3, "--actor_model_name_or_path", "{tmp}/output/actor-models/tiny", "--critic_model_name_or_path",
@@ -105,6 +119,10 @@ CASES = [
     Case("step3 --only_optimize_lora without LoRA", "step3", [*STEP3, *MODELS, "--only_optimize_lora"],
          ("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim",)),
     Case("step3 fp16 on a CPU", "step3", [*STEP3, *MODELS, "--dtype", "fp16"], ("--dtype fp16 is not supported",)),
+    Case("step3 reasoning-gym configuration the task refuses", "step3",
+         [*STEP3, *MODELS, "--data_path", "reasoning_gym:chain_sum?min_terms=3&max_terms=2"],
+         ("reasoning_gym:chain_sum?min_terms=3&max_terms=2: reasoning-gym refuses this configuration",
+          "max_terms must be >= min_terms")),
     # chat.py
     Case("chat empty prompt", "chat", ["--path", "tiny", "--prompt", "  "], ("--prompt is empty",)),
     Case("chat prompt longer than the context", "chat", ["--path", "tiny", "--prompt", LONG_PROMPT],
@@ -126,6 +144,17 @@ CASES = [
     Case("prompt_eval --output_json in a missing folder", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--num_prompts", "2",
           "--output_json", "{tmp}/nowhere/result.json"], ("--output_json {tmp}/nowhere/result.json",)),
+    Case("prompt_eval unknown reasoning-gym task", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
+          "reasoning_gym:nope", *EVAL_OUT], ("reasoning_gym:nope: unknown reasoning-gym task",)),
+    Case("prompt_eval --data_path without held-out prompts", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
+          "{tmp}/good", *EVAL_OUT],
+         ("--data_path {tmp}/good: held-out prompts come from 'builtin' or a reasoning_gym:",)),
+    Case("prompt_eval --prompts_file and --data_path together", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
+          "reasoning_gym:gcd", "--prompts_file", "{tmp}/good/train.json", *EVAL_OUT],
+         ("--prompts_file and --data_path both give the prompts",)),
     # rw_eval.py
     Case("rw_eval actor as the reward model", "rw_eval", ["--model_name_or_path", "{actor}", *EVAL_OUT],
          ("{actor} is not a reward model",)),
@@ -211,8 +240,13 @@ def folder_state(path):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, step3_model_dirs, capsys):
+def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, step3_model_dirs, capsys,
+                                                               monkeypatch):
     actor, critic = step3_model_dirs
+    if case.hide_module:  # `import <module>` (and of its submodules) raises ImportError during the case
+        for name in [n for n in sys.modules if n == case.hide_module or n.startswith(case.hide_module + ".")]:
+            monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.setitem(sys.modules, case.hide_module, None)
     write_bad_data(tmp_path)
     out = tmp_path / "out"
     if case.cli in ("prompt_eval", "rw_eval"):
