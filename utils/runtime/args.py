@@ -11,7 +11,8 @@ def add_data_args(parser, default_max_seq_len=256):
     group = parser.add_argument_group("data")
     group.add_argument("--data_path", nargs="*", default=["builtin"],
                        help="Data sets: DeepSpeed-Chat registry names (e.g. Dahoas/rm-static), local/jsonfile, a "
-                            "local folder or .json/.jsonl file, or 'builtin' (the built-in task, offline).")
+                            "local folder or .json/.jsonl file, 'builtin' (the built-in task, offline), or reasoning-gym "
+                            "tasks, 'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym extra).")
     group.add_argument("--data_split", type=str, default="2,4,4",
                        help="Proportions of each data set for steps 1, 2 and 3, e.g. 2,4,4.")
     group.add_argument("--data_output_path", type=str, default="/tmp/data_files/",
