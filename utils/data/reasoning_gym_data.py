@@ -45,6 +45,7 @@ import dataclasses
 import datetime
 import difflib
 import enum
+import itertools
 import re
 import types
 import typing
@@ -419,8 +420,9 @@ def _rejected_answer(items: list[Item], index: int) -> str | None:
     item = items[index]
     reference = item.answer
     chosen_score = item.score(reference)
-    others = [other.answer for other in items[index + 1:] + items[:index] if other.task == item.task]
-    for candidate in [answer for answer in others[:REJECTED_TRIES] if answer is not None] + _perturbations(reference):
+    following = (items[(index + step) % len(items)] for step in range(1, len(items)))
+    others = itertools.islice((other.answer for other in following if other.task == item.task), REJECTED_TRIES)
+    for candidate in itertools.chain((answer for answer in others if answer is not None), _perturbations(reference)):
         if candidate.strip() != reference.strip() and item.score(candidate) < chosen_score:
             return candidate
     return None
