@@ -76,10 +76,6 @@ TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 REJECTED_TRIES = 20
 
 
-def is_reasoning_gym_path(name: str) -> bool:
-    return name.startswith("reasoning_gym")
-
-
 def _library():
     """reasoning_gym's task registry {name: (dataset class, config class)}; a ConfigError naming the extra when
     the package is missing."""
