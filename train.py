@@ -174,10 +174,17 @@ def step_command(args, stage, dirs):
     return ["bash", str(script), *map(str, positional), *recipe, *pipeline_flags(args), *extra]
 
 
+def stage_env():
+    """The environment of every stage and of the evaluation. PYTHONHASHSEED is fixed (unless the user set it) so
+    that data generators iterating over Python sets (a few reasoning-gym tasks) make the same questions in every
+    process: the verifier of step 3 and of the evaluation must find the questions the data set made."""
+    return {"PYTHONHASHSEED": "0", **os.environ, "PYTHONUNBUFFERED": "1"}
+
+
 def run_stage(args, stage, command, out_dir):
     """Run one stage with its output in `out_dir/training.log`; return its wall time, or None on failure."""
     step = STAGES[stage].step
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = stage_env()
     if args.hostfile:
         env["HOSTFILE"] = args.hostfile
     if args.dry_run:
@@ -282,7 +289,7 @@ def main(argv=None):
     if command:
         print("---- evaluation: " + shlex.join(command), flush=True)
         start = time.time()
-        if subprocess.run(command).returncode != 0:
+        if subprocess.run(command, env=stage_env()).returncode != 0:
             return 1
         wall_times["evaluation"] = time.time() - start
     write_report(args, dirs, wall_times, None if command is None else Path(args.output_dir) / "evaluation.json")

@@ -7,7 +7,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-import utils
+import utils.builtin
 from utils.data import raw_datasets as rd
 from utils.data.raw_datasets import DataError
 
@@ -402,7 +402,7 @@ def fake_task(tmp_path, monkeypatch):
 
     mod.write_builtin_data = write_builtin_data
     monkeypatch.setitem(sys.modules, "utils.builtin.task", mod)
-    monkeypatch.setattr(utils, "task", mod, raising=False)
+    monkeypatch.setattr(utils.builtin, "task", mod, raising=False)
     return mod
 
 
