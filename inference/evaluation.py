@@ -9,7 +9,7 @@ from pathlib import Path
 
 from utils.builtin import task
 from utils.data.prompting import model_prompt
-from utils.runtime.errors import ConfigError, DataError
+from utils.runtime.errors import DataError
 
 DECODINGS = ("sampled", "greedy")
 
@@ -21,19 +21,37 @@ def builtin_prompts():
     return [record["prompt"] for record in task.heldout_prompts(builtin_data_dir())]
 
 
-def heldout_set(data_path):
-    """(prompts, checker) of a data path's held-out questions. `builtin`: the built-in task's held-out prompts,
-    checker None (evaluate_models' default, `task.summarize_scores`: keys "all" and per skill); a `reasoning_gym:`
-    spec: its held-out part, tasks in turn, checker its verifier's `summarize` (keys "all" and per task)."""
-    if data_path == "builtin":
-        return builtin_prompts(), None
-    if data_path.startswith("reasoning_gym:"):
-        from utils.data.reasoning_gym_data import gym_data
+def heldout_set(data_paths, seed=1234):
+    """(prompts, checker) of the held-out questions of one or more data paths. `builtin`: the built-in task's
+    held-out prompts, checker None (evaluate_models' default, `task.summarize_scores`: keys "all" and per skill);
+    a `reasoning_gym:` spec: its held-out part, tasks in turn, checker its verifier's `summarize` (keys "all" and
+    per task); any other source: the prompts of its eval split (never trained on), no checker (a reward model
+    scores them). With several paths the prompts are concatenated and only a lone reasoning-gym spec's checker
+    is kept."""
+    if isinstance(data_paths, str):
+        data_paths = [data_paths]
+    prompts, checkers = [], []
+    for data_path in data_paths:
+        if data_path == "builtin":
+            prompts += builtin_prompts()
+        elif data_path.startswith("reasoning_gym:"):
+            from utils.data.reasoning_gym_data import gym_data
 
-        data = gym_data(data_path)
-        return [item.prompt for item in data.parts["heldout"]], data.verifier.summarize
-    raise ConfigError(f"--data_path {data_path}: held-out prompts come from 'builtin' or a reasoning_gym: spec; "
-                      "give other prompts with --prompts_file")
+            data = gym_data(data_path)
+            prompts += [item.prompt for item in data.parts["heldout"]]
+            checkers.append(data.verifier.summarize)
+        else:
+            from utils.data.raw_datasets import get_raw_dataset
+
+            raw = get_raw_dataset(data_path, seed)
+            rows = raw.get_eval_data()
+            found = [raw.get_prompt(row) for row in rows] if rows is not None else []
+            found = [prompt for prompt in found if prompt]
+            if not found:
+                raise DataError(f"--data_path {data_path} has no eval prompts to evaluate on")
+            prompts += found
+    checker = checkers[0] if len(data_paths) == 1 and checkers else None
+    return prompts, checker
 
 
 def read_prompts_file(path):

@@ -31,9 +31,10 @@ def parse_args(argv=None):
     parser.add_argument("--prompts_file", type=str, default=None,
                         help="JSON lines with a 'prompt' field, or plain text with one prompt per line, used "
                              "verbatim; default: the held-out prompts of --data_path.")
-    parser.add_argument("--data_path", type=str, default="builtin",
-                        help="Whose held-out prompts and checker: 'builtin' (the built-in task) or a reasoning-gym "
-                             "spec, reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks).")
+    parser.add_argument("--data_path", type=str, nargs="+", default=["builtin"],
+                        help="Whose held-out prompts and checker: 'builtin' (the built-in task), a reasoning-gym "
+                             "spec, reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any "
+                             "other data source (the prompts of its eval split, scored by --reward_model only).")
     parser.add_argument("--num_prompts", type=int, default=None, help="Use only the first N prompts.")
     parser.add_argument("--max_new_tokens", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0, help="Temperature of the sampled decoding.")
@@ -58,7 +59,7 @@ def parse_args(argv=None):
         raise ConfigError(f"--samples_per_prompt must be at least 1, got {args.samples_per_prompt}")
     if args.num_show < 0:
         raise ConfigError(f"--num_show must be at least 0, got {args.num_show}")
-    if args.prompts_file and args.data_path != "builtin":
+    if args.prompts_file and args.data_path != ["builtin"]:
         raise ConfigError("--prompts_file and --data_path both give the prompts; pass one")
     check_output_file("--output_json", args.output_json)
     return args
@@ -75,7 +76,7 @@ def main(argv=None):
     if args.prompts_file:
         prompts, checker = read_prompts_file(args.prompts_file), None
     else:
-        prompts, checker = heldout_set(args.data_path)
+        prompts, checker = heldout_set(args.data_path, args.seed)
     prompts = prompts[:args.num_prompts]
     from utils.runtime.dist import quiet_transformers
 

@@ -170,3 +170,23 @@ def test_prompt_eval_on_reasoning_gym_heldout_questions_scores_per_task(tmp_path
             assert list(scores) == ["all", "chain_sum", "syllogism"]
             assert scores == pytest.approx(data.verifier.summarize(prompts, results[name]["answers"][decoding]))
 
+
+
+def test_heldout_set_of_a_local_data_file_is_its_eval_prompts_without_a_checker(tmp_path):
+    """A data source without a checker (a user's preference data): the evaluation's prompts are its eval split's,
+    which no stage trains on, and no checker is claimed for them (a reward model scores them instead)."""
+    from inference.evaluation import heldout_set
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = {"train": [("Is the sky blue?", "Yes.", "No.")] * 3,
+            "eval": [("Name a fruit.", "Apple.", "Chair."), ("Say hi.", "Hi!", "...")]}
+    for split, items in rows.items():
+        (folder / f"{split}.json").write_text("".join(
+            json.dumps({"prompt": f" Human: {p} Assistant:", "chosen": f" {c}", "rejected": f" {r}"}) + "\n"
+            for p, c, r in items))
+    prompts, checker = heldout_set([str(folder)])
+    assert prompts == [" Human: Name a fruit. Assistant:", " Human: Say hi. Assistant:"]
+    assert checker is None
+    both, checker = heldout_set([str(folder), "builtin"])
+    assert both[:2] == prompts and len(both) == 2 + 400 and checker is None
