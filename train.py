@@ -50,6 +50,9 @@ def parse_args(argv=None):
                              "batches) and at its end, under <its output folder>/checkpoints/ (0: none).")
     parser.add_argument("--resume", action="store_true",
                         help="Each step resumes from its latest complete checkpoint (a step without one starts over).")
+    parser.add_argument("--overwrite-output-dir", action="store_true",
+                        help="Each step starts over in a folder holding an earlier run's checkpoints, deleting them "
+                             "(without it, or --resume, a step refuses such a folder).")
     parser.add_argument("--no-eval", action="store_true", help="Skip the side-by-side evaluation at the end.")
     parser.add_argument("--dry-run", action="store_true", help="Print the launcher commands, run nothing.")
     args = parser.parse_args(argv)
@@ -90,6 +93,7 @@ def step_command(args, step, dirs):
     tensorboard = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
     checkpoints = ["--save_steps", str(args.save_steps)] if args.save_steps else []
     checkpoints += ["--resume"] if args.resume else []
+    checkpoints += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
     extra = shlex.split(getattr(args, f"step{step}_args"))
     return ["bash", str(script), *map(str, positional), *tensorboard, *recipe_flags(model, step), *checkpoints,
             *extra]

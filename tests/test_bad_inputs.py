@@ -30,6 +30,7 @@ class Case:
     argv: list      # "{tmp}", "{out}", "{actor}", "{critic}" are filled in
     message: tuple  # each must appear in the one error line
     exit_code: int = 2
+    setup: str = None  # a key of SETUPS: what to prepare in `tmp` and `out` first
 
 
 STEP1 = ["--output_dir", "{out}", "--max_steps", "1", "--data_output_path", "{tmp}/cache"]
@@ -73,6 +74,26 @@ CASES = [
     Case("step1 malformed --deepspeed_config", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/malformed/train.json"],
          ("--deepspeed_config {tmp}/malformed/train.json",)),
+    # step 1: the output folder
+    Case("step1 --output_dir in use by another run", "step1", [*STEP1, "--data_path", "{tmp}/good"],
+         ("--output_dir {out} is in use by another run (PID {pid}",), setup="lock out"),
+    Case("step1 fresh run over an earlier run's checkpoints", "step1", [*STEP1, "--data_path", "{tmp}/good"],
+         ("--output_dir {out} holds checkpoints of an earlier run (step5)", "--resume", "--overwrite_output_dir"),
+         setup="checkpoint in out"),
+    Case("step1 --output_dir is a file", "step1", [*STEP1, "--output_dir", "{tmp}/empty.jsonl"],
+         ("--output_dir {tmp}/empty.jsonl is a file",)),
+    Case("step1 --output_dir inside a file", "step1", [*STEP1, "--output_dir", "{tmp}/empty.jsonl/out"],
+         ("--output_dir {tmp}/empty.jsonl/out: cannot write there",)),
+    Case("step1 --output_dir not writable", "step1", [*STEP1, "--output_dir", "{readonly}/out"],
+         ("--output_dir {readonly}/out: cannot write there",)),
+    Case("step1 --output_dir is the input model folder", "step1",
+         [*STEP1, "--model_name_or_path", "{actor}", "--output_dir", "{actor}"],
+         ("would save the trained model into --model_name_or_path {actor}",)),
+    Case("step3 --output_dir holding the actor as actor/", "step3",
+         [*STEP3, "--actor_model_name_or_path", "{tmp}/step3out/actor", "--critic_model_name_or_path", "{critic}",
+          "--output_dir", "{tmp}/step3out"],
+         ("would save the trained model into --actor_model_name_or_path {tmp}/step3out/actor",),
+         setup="actor in step3out"),
     # step 2
     Case("step2 empty field in a row", "step2", [*STEP2, "--data_path", "{tmp}/emptyfield.jsonl"],
          ("{tmp}/emptyfield.jsonl: row 3 (line 4): field 'chosen' is empty",)),
@@ -171,6 +192,39 @@ def write_bad_data(tmp):
     (tmp / "notamodel").mkdir()
 
 
+def hold_lock(tmp, out):
+    from utils.paths import FolderLock
+
+    lock = FolderLock(out)
+    assert lock.acquire()
+    return lock.release
+
+
+def make_checkpoint_in_out(tmp, out):
+    (out / "checkpoints" / "step5").mkdir(parents=True)
+    (out / "checkpoints" / "step5" / "COMPLETE").write_text("step 5\n")
+
+
+def copy_actor_into_step3out(tmp, out, actor):
+    import shutil
+
+    shutil.copytree(actor, tmp / "step3out" / "actor")
+
+
+SETUPS = {"lock out": hold_lock, "checkpoint in out": make_checkpoint_in_out,
+          "actor in step3out": copy_actor_into_step3out}
+
+
+def unwritable_folder(tmp):
+    """A folder this process cannot write in: a read-only one of ours, or for root (who may write anywhere of
+    ours) a kernel file system's."""
+    if os.geteuid() != 0:
+        folder = tmp / "readonly"
+        folder.mkdir(mode=0o555)
+        return folder
+    return Path("/sys/fs")
+
+
 def in_process_mains():
     from inference import chatbot
     from training.step1_supervised_finetuning import main as step1, prompt_eval
@@ -214,17 +268,30 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
     out = tmp_path / "out"
     if case.cli in ("prompt_eval", "rw_eval"):
         out.mkdir()  # their output is a file in an existing folder
+    cleanup = None
+    if case.setup:
+        setup = SETUPS[case.setup]
+        cleanup = setup(tmp_path, out, actor) if case.setup == "actor in step3out" else setup(tmp_path, out)
     before = folder_state(out)
 
+    places = {"{tmp}": tmp_path, "{out}": out, "{actor}": actor, "{critic}": critic, "{pid}": os.getpid()}
+    if any("{readonly}" in arg for arg in case.argv):
+        places["{readonly}"] = unwritable_folder(tmp_path)
+
     def fill(text):
-        return (text.replace("{tmp}", str(tmp_path)).replace("{out}", str(out)).replace("{actor}", str(actor))
-                .replace("{critic}", str(critic)))
+        for place, value in places.items():
+            text = text.replace(place, str(value))
+        return text
 
     argv = [fill(arg) for arg in case.argv]
-    if case.cli in ("train.py", "step1 process"):
-        code, stdout, stderr = run_process(case.cli, argv)
-    else:
-        code, stdout, stderr = run_in_process(in_process_mains()[case.cli], argv, capsys)
+    try:
+        if case.cli in ("train.py", "step1 process"):
+            code, stdout, stderr = run_process(case.cli, argv)
+        else:
+            code, stdout, stderr = run_in_process(in_process_mains()[case.cli], argv, capsys)
+    finally:
+        if cleanup:
+            cleanup()
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code == case.exit_code, f"exit {code}; stderr: {stderr[-2000:]}"
     assert len(errors) == 1, stderr[-2000:]

@@ -93,6 +93,9 @@ def add_checkpoint_args(parser):
     group.add_argument("--resume", action="store_true",
                        help="Resume from the latest complete checkpoint in <output_dir>/checkpoints/ (start from "
                             "the beginning if there is none).")
+    group.add_argument("--overwrite_output_dir", action="store_true",
+                       help="Start over in an --output_dir that holds an earlier run's checkpoints, deleting them "
+                            "(without it, or --resume, such a folder is refused).")
     return group
 
 

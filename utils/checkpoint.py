@@ -18,7 +18,9 @@ A checkpoint holds everything a run's future depends on:
 
 Writing is atomic: every rank writes into one temporary folder beside the final one; after a barrier rank 0
 writes COMPLETE, renames the folder into place and then points `latest` at it (a temporary file and
-`os.replace`). Only then are checkpoints beyond the newest --save_total_limit deleted. The output folder must be
+`os.replace`). Only then are this run's checkpoints beyond the newest --save_total_limit deleted (never another
+run's: `claim_output_dir` locks the output folder for one run and settles an earlier run's checkpoints and
+leftovers before training starts). The output folder must be
 on a file system every rank sees (as DeepSpeed's own checkpoints assume). Own state is JSON and safetensors,
 never pickle (DeepSpeed's engine files are its own `torch.save` format).
 """
@@ -32,14 +34,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.errors import ChatRLHFError, ConfigError
-from utils.paths import make_temp_dir_beside
+from utils.errors import ChatRLHFError, ConfigError, on_exit
+from utils.paths import FolderLock, make_temp_dir_beside
 from utils.utils import barrier, is_rank_0, print_rank_0
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 COMPLETE = "COMPLETE"
 NAME = re.compile(r"step(\d+)")
+# Left by an interrupted write: make_temp_dir_beside's `.<name>.<8 characters>.tmp`, atomic_dir's `.<name>.old`,
+# the `latest` pointer's `.latest.<pid>.tmp`.
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.tmp|old|\d+\.tmp)")
 
 
 def checkpoint_name(step):
@@ -68,6 +73,99 @@ def latest_checkpoint(root):
         return root / named
     complete = [path for path in root.iterdir() if is_complete(path)] if root.is_dir() else []
     return max(complete, key=checkpoint_step, default=None)
+
+
+def checkpoints_in(root):
+    """The checkpoint folders (complete or not) in `root`, by step."""
+    root = Path(root)
+    found = [path for path in root.iterdir() if path.is_dir() and checkpoint_step(path) is not None] \
+        if root.is_dir() else []
+    return sorted(found, key=checkpoint_step)
+
+
+# ---- the output folder -------------------------------------------------------------------------------------------
+
+
+def claim_output_dir(args, inputs=None, model_dirs=None):
+    """Settle everything about --output_dir that could fail late or do harm, before any data or model is loaded.
+    Rank 0 checks; every rank raises the same ConfigError if a check fails.
+
+    - it is, or can be made, a folder this process can write to (a file is created in it and deleted);
+    - no input model folder (`inputs`: {flag: path}) is a folder the run saves a model into (`model_dirs`,
+      default: the output folder itself), which the save would replace;
+    - no other run uses it: an exclusive FolderLock, held until this process's main ends, naming its PID;
+    - a fresh run does not start over an earlier run's checkpoints (its pruning would delete them): --resume
+      continues them, --overwrite_output_dir deletes them first;
+    - temporary folders and files left by an interrupted save are deleted.
+    Folders it had to create are removed at exit if the run left them empty.
+    """
+    message = None
+    if is_rank_0():
+        try:
+            _claim_output_dir(Path(args.output_dir), args.resume, args.overwrite_output_dir, inputs or {},
+                              model_dirs)
+        except ChatRLHFError as err:
+            message = str(err)
+    message = _broadcast(message)
+    if message is not None:
+        raise ConfigError(message)
+
+
+def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
+    for flag, path in inputs.items():
+        for model_dir in model_dirs or [out]:
+            if Path(path).is_dir() and Path(path).resolve() == Path(model_dir).resolve():
+                raise ConfigError(f"--output_dir {out} would save the trained model into {flag} {path}, "
+                                  "replacing the weights it starts from; pick another --output_dir")
+    created = _make_dirs(out)
+    lock = FolderLock(out)
+    if not lock.acquire():
+        _remove_if_empty(created)
+        raise ConfigError(f"--output_dir {out} is in use by another run (PID {lock.holder()}, holding "
+                          f"{lock.path}); wait for it to end or pick another --output_dir")
+    on_exit(lambda: (lock.release(), _remove_if_empty(created)))
+    root = out / CHECKPOINTS
+    earlier = checkpoints_in(root)
+    if earlier and not resume:
+        if not overwrite:
+            names = ", ".join(path.name for path in earlier)
+            raise ConfigError(f"--output_dir {out} holds checkpoints of an earlier run ({names}); pass --resume to "
+                              "continue it, --overwrite_output_dir to delete them and start over, or pick another "
+                              "--output_dir")
+        shutil.rmtree(root)
+        print_rank_0(f"--overwrite_output_dir: deleted the earlier run's checkpoints in {root}")
+    for folder, name in ((out.resolve().parent, out.resolve().name), (out, None), (root, None)):
+        for path in folder.iterdir() if folder.is_dir() else ():
+            match = TEMPORARY.fullmatch(path.name)
+            if match and (name is None or match.group("name") == name):
+                print_rank_0(f"deleting {path}, left by an interrupted save")
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _make_dirs(out):
+    """Create `out` (and missing parents) and check that a file can be written in it; the folders created,
+    deepest first."""
+    missing = [path for path in [out, *out.parents] if not path.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        import tempfile
+
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        _remove_if_empty(missing)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--output_dir {out} is a file, not a folder") from None
+        raise ConfigError(f"--output_dir {out}: cannot write there ({err.strerror or err})") from None
+    return missing
+
+
+def _remove_if_empty(folders):
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 # ---- random states, as JSON --------------------------------------------------------------------------------------
@@ -283,13 +381,11 @@ class Checkpointer:
         return {"step": saved["step"], **saved["trainer"]}
 
     def _prune(self):
-        """Keep this run's newest save_total_limit checkpoints; delete every other folder in `checkpoints/`
-        (older ones, an earlier run's, temporary folders left by a killed run). Rank 0, after `latest` moved."""
+        """Keep this run's newest save_total_limit checkpoints and delete its older ones; nothing else in
+        `checkpoints/` is touched (claim_output_dir has settled an earlier run's). Rank 0, after `latest` moved."""
+        for path in self.kept[:-self.save_total_limit]:
+            shutil.rmtree(path, ignore_errors=True)
         self.kept = self.kept[-self.save_total_limit:]
-        keep = {path.name for path in self.kept}
-        for path in self.root.iterdir():
-            if path.is_dir() and path.name not in keep:
-                shutil.rmtree(path, ignore_errors=True)
 
 
 def check_finite_weights(module, what):

@@ -3,18 +3,22 @@ checkpoint is due, a save/resume round trip of a real DeepSpeed engine that then
 newest --save_total_limit kept, a failed save or non-finite weights leaving the last checkpoint as it was, and
 a TrainingPosition that resumes the same batches and the same random draws across an epoch boundary."""
 import json
+import subprocess
+import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import torch
+from processes import subprocess_env
 from transformers import AutoModelForCausalLM
 
-from utils.checkpoint import (COMPLETE, LATEST, Checkpointer, TrainingPosition, latest_checkpoint, rng_state,
-                              set_rng_state)
+from utils.checkpoint import (COMPLETE, LATEST, Checkpointer, TrainingPosition, claim_output_dir, is_complete,
+                              latest_checkpoint, rng_state, set_rng_state)
 from utils.data_utils import DataCollatorSFT, ListDataset, make_dataloader
 from utils.ds_utils import get_train_ds_config
 from utils.engine import init_train_engine
-from utils.errors import ChatRLHFError, ConfigError
+from utils.errors import ChatRLHFError, ConfigError, _run_exit_callbacks
 
 
 def make_checkpoint(root, name, complete=True):
@@ -137,17 +141,82 @@ def test_resume_without_a_checkpoint_starts_over_and_refuses_another_world_size(
         checkpointer.resume()
 
 
-def test_only_the_newest_checkpoints_are_kept_and_leftovers_are_cleared(make_engine, tmp_path):
+def test_only_the_newest_checkpoints_of_this_run_are_kept_and_no_other_is_touched(make_engine, tmp_path):
     engine, position = make_engine(), TrainingPosition(make_loader())
     root = tmp_path / "checkpoints"
-    make_checkpoint(root, "step50")                # an earlier run's, ahead of this one
-    make_checkpoint(root, ".step60.abcd.tmp")      # left by a killed run
+    make_checkpoint(root, "step50")                # another run's (one writing here now, say): never pruned
     checkpointer = Checkpointer(tmp_path, 1, 2, {"model": engine}, position)
     for step in (1, 2, 3):
         checkpointer.save(step, {})
         assert (root / LATEST).read_text().strip() == f"step{step}"
-    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step2", "step3"]
+    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step2", "step3", "step50"]
     assert latest_checkpoint(root) == root / "step3"
+
+
+# --------------------------------------------------------------------------- the output folder
+
+
+def claim(output_dir, resume=False, overwrite=False, **kwargs):
+    args = Namespace(output_dir=str(output_dir), resume=resume, overwrite_output_dir=overwrite)
+    try:
+        claim_output_dir(args, **kwargs)
+    finally:
+        _run_exit_callbacks()  # what cli_entry does when the main ends: release the lock
+
+
+def test_claiming_the_output_dir_cleans_what_interrupted_saves_left_and_nothing_else(distributed, tmp_path):
+    out = tmp_path / "out"
+    root = out / "checkpoints"
+    step5 = make_checkpoint(root, "step5")
+    leftovers = [make_checkpoint(root, ".step60.k2x9ab_1.tmp"), root / ".latest.4242.tmp",   # a checkpoint's
+                 tmp_path / ".out.q1w2e3r4.tmp", tmp_path / ".out.old",                     # steps 1-2 model save
+                 make_checkpoint(out, ".actor.zzzzzzzz.tmp")]                                # step 3's
+    leftovers[1].write_text("step60\n")
+    for folder in leftovers[2:4]:
+        folder.mkdir()
+    others = [tmp_path / ".other.q1w2e3r4.tmp", tmp_path / ".out2.q1w2e3r4.tmp", out / "training.log"]
+    others[0].mkdir(), others[1].mkdir(), others[2].write_text("log\n")
+    claim(out, resume=True)
+    assert not any(path.exists() for path in leftovers)
+    assert all(path.exists() for path in others) and is_complete(step5)
+    assert not (tmp_path / ".out.lock").exists()  # released at exit
+
+
+def test_overwrite_output_dir_deletes_the_earlier_checkpoints_and_a_new_folder_left_empty_is_removed(
+        distributed, tmp_path):
+    out = tmp_path / "out"
+    make_checkpoint(out / "checkpoints", "step5")
+    with pytest.raises(ConfigError, match=r"holds checkpoints of an earlier run \(step5\)"):
+        claim(out)
+    claim(out, overwrite=True)
+    assert not (out / "checkpoints").exists() and out.is_dir()
+    new = tmp_path / "a" / "b"
+    claim(new)
+    assert not (tmp_path / "a").exists()  # created for the run, left empty: removed at exit
+
+
+def test_a_second_claim_of_a_locked_output_dir_names_the_holder(distributed, tmp_path):
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env())
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=f"in use by another run \\(PID {holder.pid},"):
+            claim(out)
+    finally:
+        holder.kill()
+        holder.wait()
+    claim(out)  # the kernel dropped the dead holder's lock: free again, although its file is still there
+
+
+HOLD_LOCK = """
+import sys, time
+from utils.paths import FolderLock
+lock = FolderLock(sys.argv[1])
+assert lock.acquire()
+print("locked", flush=True)
+time.sleep(600)
+"""
 
 
 class FailingEngine:

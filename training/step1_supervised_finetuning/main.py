@@ -12,7 +12,7 @@ import torch
 
 from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args, add_logging_args,
                         add_lora_args, add_model_args, add_training_args, check_common_args)
-from utils.checkpoint import Checkpointer, TrainingPosition
+from utils.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
 from utils.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
                           write_metrics)
@@ -66,6 +66,7 @@ def main(argv=None):
 
     # Data
     model_path = resolve_model_path(args.model_name_or_path)
+    claim_output_dir(args, inputs={"--model_name_or_path": model_path})
     tokenizer = load_tokenizer(model_path, args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
                                                         1, args.seed, tokenizer, args.max_seq_len)

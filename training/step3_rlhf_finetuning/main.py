@@ -21,8 +21,8 @@ from training.step3_rlhf_finetuning import ppo_math
 from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, split_experience
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine, moving_average
 from utils.args import ArgumentParser, SCHEDULERS, add_checkpoint_args, add_data_args, check_common_args
-from utils.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, python_random_state,
-                              set_python_random_state)
+from utils.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
+                              python_random_state, set_python_random_state)
 from utils.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset,
                               make_dataloader)
 from utils.ds_utils import DTYPES
@@ -171,6 +171,9 @@ def main(argv=None):
 
     # Data
     actor_path, critic_path = resolve_step_models(args)
+    claim_output_dir(args, inputs={"--actor_model_name_or_path": actor_path,
+                                   "--critic_model_name_or_path": critic_path},
+                     model_dirs=[f"{args.output_dir}/{name}" for name in ("actor", "critic", "actor_ema")])
     tokenizer = load_tokenizer(actor_path, args.trust_remote_code)
     prompt_dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3, args.seed,
                                               tokenizer, args.max_prompt_seq_len)
