@@ -1,4 +1,5 @@
 """Command-line flags shared by the steps, under DeepSpeed-Chat's names."""
+import json
 from pathlib import Path
 
 from utils.ds_utils import DTYPES
@@ -97,6 +98,27 @@ def add_checkpoint_args(parser):
                        help="Start over in an --output_dir that holds an earlier run's checkpoints, deleting them "
                             "(without it, or --resume, such a folder is refused).")
     return group
+
+
+# Flags that may differ between a run and its --resume: they change what is printed, logged or saved when, never
+# the weights a run ends with. Every other flag shapes training and is checked against the checkpoint's.
+RESUME_MAY_CHANGE = ("resume", "overwrite_output_dir", "save_steps", "save_total_limit", "print_interval",
+                     "print_answers", "print_answers_interval", "enable_tensorboard", "tensorboard_path",
+                     "per_device_eval_batch_size", "eval_iters", "data_output_path", "local_rank", "deepspeed",
+                     "deepscale")
+
+
+def training_flags(args, step):
+    """The flags that shape step `step`'s training (every flag but RESUME_MAY_CHANGE), as JSON values, for a
+    checkpoint to record: a --deepspeed_config file by its content."""
+    flags = {"step": step}
+    for name, value in sorted(vars(args).items()):
+        if name in RESUME_MAY_CHANGE:
+            continue
+        if name in ("deepspeed_config", "deepscale_config") and value:
+            value = json.loads(Path(value).read_text())
+        flags[name] = value
+    return json.loads(json.dumps(flags))
 
 
 def _at_least(minimum):

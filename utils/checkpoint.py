@@ -292,12 +292,15 @@ class Checkpointer:
     engines   {name: DeepSpeed engine} trained with an optimizer: saved with `engine.save_checkpoint`
     weights   {name: DeepSpeed engine} without an optimizer (step 3's EMA): its weights as safetensors
     position  the run's TrainingPosition
+    flags     the flags that shape training (utils.args.training_flags): recorded with each checkpoint, and a
+              resume with other ones is refused, naming each difference
 
     Every rank must call `save_if_due`, `save` and `resume` (they gather, and wait for each other).
     """
 
-    def __init__(self, output_dir, save_steps, save_total_limit, engines, position, weights=None):
+    def __init__(self, output_dir, save_steps, save_total_limit, engines, position, weights=None, flags=None):
         self.root = Path(output_dir) / CHECKPOINTS
+        self.flags = flags or {}
         self.save_steps, self.save_total_limit = save_steps, save_total_limit
         self.engines, self.position = engines, position
         self.weights = {name: engine for name, engine in (weights or {}).items() if engine is not None}
@@ -336,7 +339,7 @@ class Checkpointer:
             if rank == 0:
                 micro_steps = {name: engine.micro_steps for name, engine in self.engines.items()}
                 _write_json(tmp / "state.json", {"step": step, "world_size": world_size, "micro_steps": micro_steps,
-                                                 "trainer": state})
+                                                 "flags": self.flags, "trainer": state})
             barrier()
             if rank == 0:
                 (tmp / COMPLETE).write_text(f"step {step}\n")
@@ -362,9 +365,12 @@ class Checkpointer:
         path = Path(path)
         saved = _read_json(path / "state.json")
         rank, world_size = _rank_and_world_size()
-        if saved["world_size"] != world_size:
-            raise ConfigError(f"--resume: {path} was written by {saved['world_size']} process(es), this run has "
-                              f"{world_size}; resume with the same number")
+        differences = flag_differences({**saved.get("flags", {}), "processes": saved["world_size"]},
+                                       {**self.flags, "processes": world_size})
+        if differences:
+            raise ConfigError(f"--resume: {path} was written with other flags: {'; '.join(differences)}. Resume "
+                              "with the checkpoint's flags (only the README's 'may change on resume' list may "
+                              "differ), or start over with --overwrite_output_dir or another --output_dir")
         for name, engine in self.engines.items():
             load_path, _ = engine.load_checkpoint(str(path), tag=name)
             if load_path is None:
@@ -386,6 +392,23 @@ class Checkpointer:
         for path in self.kept[:-self.save_total_limit]:
             shutil.rmtree(path, ignore_errors=True)
         self.kept = self.kept[-self.save_total_limit:]
+
+
+def flag_differences(saved, current):
+    """`--name <saved> (now <current>)` for each flag both record with different values; a flag only one of them
+    knows (added or removed by another version of the code) is not compared."""
+    differences = []
+    for name in sorted(saved.keys() & current.keys()):
+        if saved[name] != current[name]:
+            label = "processes:" if name == "processes" else f"--{name}"
+            differences.append(f"{label} {_flag_text(saved[name])} (now {_flag_text(current[name])})")
+    return differences
+
+
+def _flag_text(value):
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
 
 
 def check_finite_weights(module, what):

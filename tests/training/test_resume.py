@@ -178,6 +178,27 @@ def test_a_second_run_on_the_same_output_dir_stops_at_once_naming_the_first(tmp_
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step10", "step5"]
 
 
+def test_resume_with_other_training_flags_stops_naming_each_and_touches_nothing(tmp_path):
+    """Another batch size, learning rate and a --max_steps below the checkpoint's step: one line naming all three,
+    nothing written. Changing only flags of the README's 'may change' list resumes."""
+    out = tmp_path / "out"
+    command = [sys.executable, str(STEP1 / "main.py"), *STEP1_FLAGS, "--max_steps", "10", "--data_output_path",
+               str(tmp_path / "data"), "--output_dir", str(out), "--save_steps", "5"]
+    run_ok(command)
+    before = folder_digest(out)
+    changed = run([*command, "--resume", "--per_device_train_batch_size", "8", "--learning_rate", "2e-3",
+                   "--max_steps", "4"])
+    errors = [line for line in changed.stderr.splitlines() if line.startswith("error:")]
+    assert changed.returncode == 2 and len(errors) == 1 and "Traceback" not in changed.stderr, changed.stderr
+    for difference in ("--per_device_train_batch_size 4 (now 8)", "--learning_rate 0.001 (now 0.002)",
+                       "--max_steps 10 (now 4)"):
+        assert difference in errors[0]
+    assert folder_digest(out) == before
+    log = run_ok([*command, "--resume", "--save_steps", "3", "--print_interval", "1", "--data_output_path",
+                  str(tmp_path / "other")])
+    assert "resumed from" in log and "(step 10)" in log
+
+
 def folder_digest(folder):
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}

@@ -137,8 +137,33 @@ def test_resume_without_a_checkpoint_starts_over_and_refuses_another_world_size(
     state_file = tmp_path / "checkpoints" / "step1" / "state.json"
     state = json.loads(state_file.read_text())
     state_file.write_text(json.dumps(dict(state, world_size=2)))
-    with pytest.raises(ConfigError, match="written by 2 process"):
+    with pytest.raises(ConfigError, match=r"written with other flags: processes: 2 \(now 1\)"):
         checkpointer.resume()
+
+
+def test_resume_with_flags_that_shape_training_changed_names_each_difference(make_engine, tmp_path):
+    from utils.args import training_flags
+
+    flags = Namespace(model_name_or_path="tiny", per_device_train_batch_size=4, learning_rate=1e-3, seed=1,
+                      data_path=["builtin"], lora_dim=0, save_steps=5, print_interval=10, resume=False)
+    engine, position = make_engine(), TrainingPosition(make_loader())
+    Checkpointer(tmp_path, 1, 2, {"model": engine}, position, flags=training_flags(flags, step=1)).save(1, {})
+
+    def resume(step=1, **changes):
+        changed = training_flags(Namespace(**{**vars(flags), **changes}), step=step)
+        return Checkpointer(tmp_path, 1, 2, {"model": make_engine()}, TrainingPosition(make_loader()),
+                            flags=changed).resume()
+
+    assert resume(save_steps=50, print_interval=1, resume=True)["step"] == 1  # these may change
+    with pytest.raises(ConfigError) as error:
+        resume(per_device_train_batch_size=8, learning_rate=2e-3, data_path=["builtin", "x.jsonl"], lora_dim=4)
+    message = str(error.value)
+    for difference in ("--per_device_train_batch_size 4 (now 8)", "--learning_rate 0.001 (now 0.002)",
+                       "--data_path builtin (now builtin x.jsonl)", "--lora_dim 0 (now 4)"):
+        assert difference in message
+    assert "--save_steps" not in message and "\n" not in message
+    with pytest.raises(ConfigError, match=r"--step 1 \(now 2\)"):
+        resume(step=2)
 
 
 def test_only_the_newest_checkpoints_of_this_run_are_kept_and_no_other_is_touched(make_engine, tmp_path):

@@ -12,7 +12,8 @@ import time
 import torch
 
 from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args, add_logging_args,
-                        add_lora_args, add_model_args, add_training_args, check_common_args)
+                        add_lora_args, add_model_args, add_training_args, check_common_args,
+                        training_flags)
 from utils.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
 from utils.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
@@ -98,7 +99,8 @@ def main(argv=None):
 
     # Loop (resumed from the latest checkpoint with --resume)
     position = TrainingPosition(train_loader)
-    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position)
+    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position,
+                                flags=training_flags(args, step=2))
     resumed = checkpointer.resume() if args.resume else None
     monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step2_reward")
     throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)

@@ -20,7 +20,8 @@ import torch
 from training.step3_rlhf_finetuning import ppo_math
 from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, split_experience
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine, moving_average
-from utils.args import ArgumentParser, SCHEDULERS, add_checkpoint_args, add_data_args, check_common_args
+from utils.args import (ArgumentParser, SCHEDULERS, add_checkpoint_args, add_data_args, check_common_args,
+                        training_flags)
 from utils.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
                               python_random_state, set_python_random_state)
 from utils.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset,
@@ -203,7 +204,7 @@ def main(argv=None):
     position = TrainingPosition(prompt_loader)
     checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit,
                                 {"actor": engine.actor, "critic": engine.critic}, position,
-                                weights={"actor_ema": engine.actor_ema})
+                                weights={"actor_ema": engine.actor_ema}, flags=training_flags(args, step=3))
     shuffler = random.Random(args.seed)
     history, experiences, step = [], [], 0
     resumed = checkpointer.resume() if args.resume else None
