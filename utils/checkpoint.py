@@ -12,7 +12,8 @@ A checkpoint holds everything a run's future depends on:
             state.json            the step, the trainer's own state (metrics so far; for PPO the KL
                                   controller, reward moments, minibatch shuffler, metric history), rank 0
             position_rank0.json   per rank: where the run is in its data, and every random generator's state
-            COMPLETE              written last: a folder without it is never resumed from
+            COMPLETE              written last, with each file's size and sha256: a folder without it is never
+                                  resumed from, one whose files no longer match is skipped for an older one
         latest                    the name of the newest complete checkpoint (replaced atomically)
         .step130.k2x9.tmp/        a checkpoint being written, or left by a killed run: never resumed from
 
@@ -29,6 +30,7 @@ import os
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -66,13 +68,64 @@ def is_complete(path):
 def latest_checkpoint(root):
     """The checkpoint to resume from in `root` (a `checkpoints/` folder): the one `latest` names if it is complete,
     else the complete one of the highest step (a run killed between the rename and the pointer); None if none."""
+    return next(iter(_resume_order(root)), None)
+
+
+def _resume_order(root):
+    """Complete checkpoints in the order --resume tries them: the one `latest` names, then the others from the
+    highest step down."""
     root = Path(root)
     pointer = root / LATEST
     named = pointer.read_text().strip() if pointer.is_file() else ""
-    if named and is_complete(root / named):
-        return root / named
-    complete = [path for path in root.iterdir() if is_complete(path)] if root.is_dir() else []
-    return max(complete, key=checkpoint_step, default=None)
+    complete = sorted((path for path in root.iterdir() if is_complete(path)), key=checkpoint_step,
+                      reverse=True) if root.is_dir() else []
+    first = [path for path in complete if path.name == named]
+    return first + [path for path in complete if path.name != named]
+
+
+def newest_good_checkpoint(root):
+    """(the checkpoint to resume from, [(a newer one skipped, why), ...]): the first of `latest_checkpoint`'s
+    order whose files match the sizes and checksums written with it."""
+    damaged = []
+    for path in _resume_order(root):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, damaged
+        damaged.append((path, problem))
+    return None, damaged
+
+
+def file_manifest(folder):
+    """{relative path: [size in bytes, sha256]} of every file under `folder`."""
+    return {str(path.relative_to(folder)): [path.stat().st_size, _sha256(path)]
+            for path in sorted(Path(folder).rglob("*")) if path.is_file()}
+
+
+def _sha256(path):
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def verify_checkpoint(path):
+    """None if every file the checkpoint's COMPLETE lists is there with its size and checksum, else what is
+    wrong. A checkpoint written before COMPLETE held the list is taken as it is."""
+    try:
+        complete = json.loads((Path(path) / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(complete, dict) or "files" not in complete:
+        return None
+    for name, (size, digest) in complete["files"].items():
+        file = Path(path) / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, not the {size} written"
+        if _sha256(file) != digest:
+            return f"{name} does not match the checksum written with it"
+    return None
 
 
 def checkpoints_in(root):
@@ -342,7 +395,7 @@ class Checkpointer:
                                                  "flags": self.flags, "trainer": state})
             barrier()
             if rank == 0:
-                (tmp / COMPLETE).write_text(f"step {step}\n")
+                _write_json(tmp / COMPLETE, {"step": step, "files": file_manifest(tmp)})
                 _replace_dir(tmp, target)
                 _write_text_atomic(self.root / LATEST, target.name)
                 self.kept = [path for path in self.kept if path != target] + [target]
@@ -357,8 +410,19 @@ class Checkpointer:
     def resume(self):
         """Load the latest complete checkpoint into the engines, weights and position, and return the trainer's
         state saved with it plus its `step`; None (and a fresh start) when there is no checkpoint yet."""
-        path = latest_checkpoint(self.root) if is_rank_0() else None
-        path = _broadcast(None if path is None else str(path))
+        path, problem = None, None
+        if is_rank_0():
+            path, damaged = newest_good_checkpoint(self.root)
+            for skipped, why in damaged:
+                print(f"warning: --resume: skipping {skipped}, damaged: {why}", file=sys.stderr, flush=True)
+            if path is None and damaged:
+                problem = (f"--resume: no checkpoint in {self.root} is usable ("
+                           f"{'; '.join(f'{skipped.name}: {why}' for skipped, why in damaged)}); start over with "
+                           "--overwrite_output_dir")
+            path = None if path is None else str(path)
+        path, problem = _broadcast(path), _broadcast(problem)
+        if problem:
+            raise ChatRLHFError(problem)
         if path is None:
             print_rank_0(f"--resume: no complete checkpoint in {self.root}; starting from the beginning")
             return None

@@ -13,8 +13,8 @@ import torch
 from processes import subprocess_env
 from transformers import AutoModelForCausalLM
 
-from utils.checkpoint import (COMPLETE, LATEST, Checkpointer, TrainingPosition, claim_output_dir, is_complete,
-                              latest_checkpoint, rng_state, set_rng_state)
+from utils.checkpoint import (COMPLETE, LATEST, Checkpointer, TrainingPosition, claim_output_dir, file_manifest,
+                              is_complete, latest_checkpoint, rng_state, set_rng_state)
 from utils.data_utils import DataCollatorSFT, ListDataset, make_dataloader
 from utils.ds_utils import get_train_ds_config
 from utils.engine import init_train_engine
@@ -136,7 +136,10 @@ def test_resume_without_a_checkpoint_starts_over_and_refuses_another_world_size(
     checkpointer.save(1, {})
     state_file = tmp_path / "checkpoints" / "step1" / "state.json"
     state = json.loads(state_file.read_text())
-    state_file.write_text(json.dumps(dict(state, world_size=2)))
+    state_file.write_text(json.dumps(dict(state, world_size=2)))  # as a two-process run would have written it
+    complete = state_file.parent / COMPLETE
+    complete.unlink()
+    complete.write_text(json.dumps({"step": 1, "files": file_manifest(state_file.parent)}))
     with pytest.raises(ConfigError, match=r"written with other flags: processes: 2 \(now 1\)"):
         checkpointer.resume()
 
@@ -242,6 +245,30 @@ assert lock.acquire()
 print("locked", flush=True)
 time.sleep(600)
 """
+
+
+def test_a_damaged_checkpoint_is_skipped_for_the_newest_good_one_and_none_good_is_one_error(
+        make_engine, tmp_path, capsys):
+    engine, position = make_engine(), TrainingPosition(make_loader())
+    checkpointer = Checkpointer(tmp_path, 1, 3, {"model": engine}, position)
+    batches = position.batches(0)
+    for step in (1, 2):
+        train_step(engine, next(batches)[1])
+        checkpointer.save(step, {"at": step})
+    root = tmp_path / "checkpoints"
+    weights = max((root / "step2" / "model").rglob("*model_states.pt"), key=lambda path: path.stat().st_size)
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated (a full disk, a copy cut short)
+    state = Checkpointer(tmp_path, 1, 3, {"model": make_engine(seed=1)}, TrainingPosition(make_loader())).resume()
+    assert state == {"step": 1, "at": 1}
+    warning = capsys.readouterr().err
+    assert "warning: --resume: skipping" in warning and f"{weights.relative_to(root / 'step2')} has 100 bytes" in warning
+
+    position_file = root / "step1" / "position_rank0.json"
+    position_file.write_text(position_file.read_text().replace("0", "1"))  # same size, other bytes
+    with pytest.raises(ChatRLHFError) as error:
+        Checkpointer(tmp_path, 1, 3, {"model": make_engine()}, TrainingPosition(make_loader())).resume()
+    assert str(error.value).startswith(f"--resume: no checkpoint in {root} is usable (step2: ")
+    assert "step1: position_rank0.json does not match the checksum written with it" in str(error.value)
 
 
 class FailingEngine:
