@@ -74,6 +74,27 @@ CASES = [
     Case("step1 malformed --deepspeed_config", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/malformed/train.json"],
          ("--deepspeed_config {tmp}/malformed/train.json",)),
+    Case("step1 negative --max_steps", "step1", [*STEP1, "--max_steps", "-1"],
+         ("--max_steps must be at least 0, not -1",)),
+    Case("step1 --print_interval 0", "step1", [*STEP1, "--print_interval", "0"],
+         ("--print_interval must be at least 1, not 0",)),
+    Case("step1 negative --seed", "step1", [*STEP1, "--seed", "-1"], ("--seed must be in [0, 2**32), not -1",)),
+    Case("step1 --seed of 2**32", "step1", [*STEP1, "--seed", "4294967296"],
+         ("--seed must be in [0, 2**32), not 4294967296",)),
+    Case("step1 --learning_rate nan", "step1", [*STEP1, "--learning_rate", "nan"],
+         ("--learning_rate must be positive, not nan",)),
+    Case("step1 --dropout 2", "step1", [*STEP1, "--dropout", "2"], ("--dropout must be in [0, 1), not 2.0",)),
+    Case("step1 --weight_decay nan", "step1", [*STEP1, "--weight_decay", "nan"],
+         ("--weight_decay must be at least 0, not nan",)),
+    Case("step1 --data_output_path an existing file", "step1", [*STEP1, "--data_output_path", "{tmp}/empty.jsonl"],
+         ("--data_output_path {tmp}/empty.jsonl is a file",)),
+    Case("step1 --deepspeed_config with an optimizer section", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_optimizer.json"],
+         ("--deepspeed_config {tmp}/ds_optimizer.json: its 'optimizer' section would have no effect",)),
+    Case("step1 --deepspeed_config batch size against the flags", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--per_device_train_batch_size", "4", "--deepspeed_config",
+          "{tmp}/ds_batch.json"], ("--deepspeed_config {tmp}/ds_batch.json: train_batch_size 32 disagrees with "
+                                   "the 4 of the flags",)),
     # step 1: the output folder
     Case("step1 --output_dir in use by another run", "step1", [*STEP1, "--data_path", "{tmp}/good"],
          ("--output_dir {out} is in use by another run (PID {pid}",), setup="lock out"),
@@ -125,6 +146,19 @@ CASES = [
     Case("step3 --only_optimize_lora without LoRA", "step3", [*STEP3, *MODELS, "--only_optimize_lora"],
          ("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim",)),
     Case("step3 fp16 on a CPU", "step3", [*STEP3, *MODELS, "--dtype", "fp16"], ("--dtype fp16 is not supported",)),
+    Case("step3 negative --max_steps", "step3", [*STEP3, *MODELS, "--max_steps", "-1"],
+         ("--max_steps must be at least 0, not -1",)),
+    Case("step3 --generation_batches more than the prompt batches", "step3",
+         [*STEP3, *MODELS, "--data_path", "{tmp}/good", "--generation_batches", "5"],
+         ("no PPO round to train: --generation_batches 5 is more than the 1 prompt batch(es) of an epoch",)),
+    Case("step3 --temperature nan", "step3", [*STEP3, *MODELS, "--temperature", "nan"],
+         ("--temperature must be positive, not nan",)),
+    Case("step3 --cliprange -1", "step3", [*STEP3, *MODELS, "--cliprange", "-1"],
+         ("--cliprange must be positive, not -1.0",)),
+    Case("step3 --ema_beta 3", "step3", [*STEP3, *MODELS, "--enable_ema", "--ema_beta", "3"],
+         ("--ema_beta must be in [0, 1], not 3.0",)),
+    Case("step3 --actor_learning_rate nan", "step3", [*STEP3, *MODELS, "--actor_learning_rate", "nan"],
+         ("--actor_learning_rate must be positive, not nan",)),
     # chat.py
     Case("chat empty prompt", "chat", ["--path", "tiny", "--prompt", "  "], ("--prompt is empty",)),
     Case("chat prompt longer than the context", "chat", ["--path", "tiny", "--prompt", LONG_PROMPT],
@@ -189,6 +223,8 @@ def write_bad_data(tmp):
         write_jsonl(tmp / "malformed" / f"{split}.json", [GOOD_ROW]).write_text(json.dumps(GOOD_ROW) + "\n{not json\n")
     write_jsonl(tmp / "emptyfield.jsonl", [GOOD_ROW] * 3 + [dict(GOOD_ROW, chosen="")] + [GOOD_ROW] * 2)
     (tmp / "empty.jsonl").write_text("\n\n")
+    (tmp / "ds_optimizer.json").write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}))
+    (tmp / "ds_batch.json").write_text(json.dumps({"train_batch_size": 32}))
     (tmp / "notamodel").mkdir()
 
 

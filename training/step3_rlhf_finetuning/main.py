@@ -141,8 +141,6 @@ def check_args(args):
     if args.offload and 0 in (args.actor_zero_stage, args.critic_zero_stage):
         raise ConfigError("--offload needs --actor_zero_stage and --critic_zero_stage of 1, 2 or 3 (it moves "
                           "optimizer state to the CPU)")
-    if args.temperature <= 0 or not 0 < args.top_p <= 1:
-        raise ConfigError("--temperature must be positive and --top_p in (0, 1]")
     args.reward_clip = args.reward_clip or None
 
 
@@ -191,6 +189,11 @@ def main(argv=None):
 
     # Models
     steps_per_epoch = len(prompt_loader) // args.generation_batches * args.generation_batches
+    if steps_per_epoch == 0:
+        raise ConfigError(f"no PPO round to train: --generation_batches {args.generation_batches} is more than the "
+                          f"{len(prompt_loader)} prompt batch(es) of an epoch ({len(prompt_dataset)} prompts, "
+                          f"--per_device_generation_batch_size {args.per_device_generation_batch_size}, "
+                          f"{world_size} process(es))")
     total_steps = args.num_train_epochs * steps_per_epoch
     total_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
     minibatches = args.per_device_generation_batch_size // args.per_device_training_batch_size
