@@ -177,6 +177,12 @@ CASES = [
     Case("prompt_eval prompts file that does not exist", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--prompts_file",
           "{tmp}/prompts.txt", *EVAL_OUT], ("prompts file {tmp}/prompts.txt does not exist",)),
+    Case("prompt_eval prompts file not UTF-8", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--prompts_file",
+          "{tmp}/latin1.txt", *EVAL_OUT], ("prompts file {tmp}/latin1.txt is not UTF-8 text (byte 11)",)),
+    Case("prompt_eval prompts file a folder", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--prompts_file",
+          "{tmp}/good", *EVAL_OUT], ("prompts file {tmp}/good is a folder, not a file",)),
     Case("prompt_eval --output_json in a missing folder", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--num_prompts", "2",
           "--output_json", "{tmp}/nowhere/result.json"], ("--output_json {tmp}/nowhere/result.json",)),
@@ -224,6 +230,7 @@ def write_bad_data(tmp):
     write_jsonl(tmp / "emptyfield.jsonl", [GOOD_ROW] * 3 + [dict(GOOD_ROW, chosen="")] + [GOOD_ROW] * 2)
     (tmp / "empty.jsonl").write_text("\n\n")
     (tmp / "ds_optimizer.json").write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}))
+    (tmp / "latin1.txt").write_bytes(" Human: caf\xe9? Assistant:\n".encode("latin-1"))
     (tmp / "ds_batch.json").write_text(json.dumps({"train_batch_size": 32}))
     (tmp / "notamodel").mkdir()
 
