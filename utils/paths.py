@@ -43,10 +43,20 @@ def make_temp_dir_beside(target):
 
     target = Path(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~current_umask())
+    return tmp
+
+
+def current_umask():
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    return tmp
+    return umask
+
+
+def honour_umask(path):
+    """Give the file `path` the permissions a plain open() would (0666 less the umask): safetensors writes its
+    files private to the owner (0600), which a server under another user could not read."""
+    os.chmod(path, 0o666 & ~current_umask())
 
 
 class FolderLock:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 from utils.lora import fuse_lora_state_dict, has_lora
-from utils.paths import make_temp_dir_beside
+from utils.paths import honour_umask, make_temp_dir_beside
 from utils.utils import barrier, is_rank_0
 
 # Files that belong to a saved model; anything else in an output folder (training.log, TensorBoard runs,
@@ -73,6 +73,8 @@ class atomic_dir:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
+        for path in self.tmp.rglob("*.safetensors"):
+            honour_umask(path)
         if self.target.exists():
             for entry in self.target.iterdir():
                 if not _is_model_file(entry.name) and not (self.tmp / entry.name).exists():
@@ -102,4 +104,5 @@ def save_safetensors(tensors, path):
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+    honour_umask(path)
 
