@@ -159,6 +159,32 @@ CASES = [
          ("--ema_beta must be in [0, 1], not 3.0",)),
     Case("step3 --actor_learning_rate nan", "step3", [*STEP3, *MODELS, "--actor_learning_rate", "nan"],
          ("--actor_learning_rate must be positive, not nan",)),
+    # a damaged model folder, as chat.py and steps 1 and 2 load it
+    Case("chat model folder with a truncated model.safetensors", "chat",
+         ["--path", "{tmp}/broken/truncated", "--prompt", "hi"],
+         ("model folder {tmp}/broken/truncated: its weights cannot be loaded (SafetensorError",), setup="broken models"),
+    Case("chat model folder with a garbage model.safetensors", "chat",
+         ["--path", "{tmp}/broken/garbage", "--prompt", "hi"],
+         ("model folder {tmp}/broken/garbage: its weights cannot be loaded",), setup="broken models"),
+    Case("chat model folder without weights", "chat", ["--path", "{tmp}/broken/noweights", "--prompt", "hi"],
+         ("model folder {tmp}/broken/noweights: its weights cannot be loaded",), setup="broken models"),
+    Case("chat model folder without tokenizer files", "chat",
+         ["--path", "{tmp}/broken/notokenizer", "--prompt", "hi"],
+         ("model folder {tmp}/broken/notokenizer: its tokenizer cannot be loaded",), setup="broken models"),
+    Case("chat malformed config.json", "chat", ["--path", "{tmp}/broken/badconfig", "--prompt", "hi"],
+         ("{tmp}/broken/badconfig/config.json cannot be read as JSON",), setup="broken models"),
+    Case("step1 malformed config.json", "step1", [*STEP1, "--model_name_or_path", "{tmp}/broken/badconfig"],
+         ("{tmp}/broken/badconfig/config.json cannot be read as JSON",), setup="broken models"),
+    Case("step1 config.json of another architecture", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/broken/gpt2config"],
+         ("model folder {tmp}/broken/gpt2config: its weights do not fit the GPT2LMHeadModel",
+          "of the model's weights missing from the folder"), setup="broken models"),
+    Case("step2 config.json of another architecture", "step2",
+         [*STEP2, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/broken/gpt2config"],
+         ("model folder {tmp}/broken/gpt2config: its weights do not fit the GPT2Model",), setup="broken models"),
+    Case("step1 model folder with a truncated model.safetensors", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/broken/truncated"],
+         ("model folder {tmp}/broken/truncated: its weights cannot be loaded",), setup="broken models"),
     # chat.py
     Case("chat empty prompt", "chat", ["--path", "tiny", "--prompt", "  "], ("--prompt is empty",)),
     Case("chat prompt longer than the context", "chat", ["--path", "tiny", "--prompt", LONG_PROMPT],
@@ -235,7 +261,7 @@ def write_bad_data(tmp):
     (tmp / "notamodel").mkdir()
 
 
-def hold_lock(tmp, out):
+def hold_lock(tmp, out, actor):
     from utils.paths import FolderLock
 
     lock = FolderLock(out)
@@ -243,7 +269,7 @@ def hold_lock(tmp, out):
     return lock.release
 
 
-def make_checkpoint_in_out(tmp, out):
+def make_checkpoint_in_out(tmp, out, actor):
     (out / "checkpoints" / "step5").mkdir(parents=True)
     (out / "checkpoints" / "step5" / "COMPLETE").write_text("step 5\n")
 
@@ -254,8 +280,29 @@ def copy_actor_into_step3out(tmp, out, actor):
     shutil.copytree(actor, tmp / "step3out" / "actor")
 
 
+def write_broken_models(tmp, out, actor):
+    """Copies of the step-1 folder under tmp/broken/, each damaged in one way."""
+    import shutil
+
+    def broken(name):
+        return Path(shutil.copytree(actor, tmp / "broken" / name))
+
+    weights = (actor / "model.safetensors").read_bytes()
+    (broken("truncated") / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+    (broken("garbage") / "model.safetensors").write_bytes(b"not safetensors at all" * 10)
+    (broken("noweights") / "model.safetensors").unlink()
+    notokenizer = broken("notokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (notokenizer / name).unlink()
+    (broken("badconfig") / "config.json").write_text('{"model_type": "llama",')
+    config = json.loads((actor / "config.json").read_text())
+    gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": config["vocab_size"],
+            "n_embd": config["hidden_size"], "n_layer": 2, "n_head": 4, "n_positions": 128}
+    (broken("gpt2config") / "config.json").write_text(json.dumps(gpt2))
+
+
 SETUPS = {"lock out": hold_lock, "checkpoint in out": make_checkpoint_in_out,
-          "actor in step3out": copy_actor_into_step3out}
+          "actor in step3out": copy_actor_into_step3out, "broken models": write_broken_models}
 
 
 def unwritable_folder(tmp):
@@ -313,8 +360,7 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
         out.mkdir()  # their output is a file in an existing folder
     cleanup = None
     if case.setup:
-        setup = SETUPS[case.setup]
-        cleanup = setup(tmp_path, out, actor) if case.setup == "actor in step3out" else setup(tmp_path, out)
+        cleanup = SETUPS[case.setup](tmp_path, out, actor)
     before = folder_state(out)
 
     places = {"{tmp}": tmp_path, "{out}": out, "{actor}": actor, "{critic}": critic, "{pid}": os.getpid()}
