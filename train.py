@@ -62,6 +62,11 @@ def parse_args(argv=None):
     args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
     if args.reward_from_sft is None:
         args.reward_from_sft = args.reward_model == args.actor_model
+    for step in (1, 2, 3):
+        try:
+            shlex.split(getattr(args, f"step{step}_args"))
+        except ValueError as err:  # an unclosed quote
+            raise ConfigError(f"--step{step}-args {getattr(args, f'step{step}_args')!r}: {err}") from None
     return args
 
 
@@ -153,6 +158,8 @@ def check_inputs(args, dirs):
 
     if args.deployment_type == "multi_node":
         hostfile = args.hostfile or "/job/hostfile"
+        if Path(hostfile).is_dir():
+            raise ConfigError(f"--hostfile {hostfile} is a folder, not a DeepSpeed hostfile")
         if not Path(hostfile).is_file():
             raise ConfigError(f"--hostfile {hostfile} does not exist (multi_node runs the hosts of a DeepSpeed "
                               "hostfile)")

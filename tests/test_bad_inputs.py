@@ -31,6 +31,7 @@ class Case:
     message: tuple  # each must appear in the one error line
     exit_code: int = 2
     setup: str = None  # a key of SETUPS: what to prepare in `tmp` and `out` first
+    stdin: bytes = b""  # a process's standard input (None: closed)
 
 
 STEP1 = ["--output_dir", "{out}", "--max_steps", "1", "--data_output_path", "{tmp}/cache"]
@@ -162,7 +163,8 @@ CASES = [
     # a damaged model folder, as chat.py and steps 1 and 2 load it
     Case("chat model folder with a truncated model.safetensors", "chat",
          ["--path", "{tmp}/broken/truncated", "--prompt", "hi"],
-         ("model folder {tmp}/broken/truncated: its weights cannot be loaded (SafetensorError",), setup="broken models"),
+         ("model folder {tmp}/broken/truncated: its weights cannot be loaded (SafetensorError",),
+         setup="broken models"),
     Case("chat model folder with a garbage model.safetensors", "chat",
          ["--path", "{tmp}/broken/garbage", "--prompt", "hi"],
          ("model folder {tmp}/broken/garbage: its weights cannot be loaded",), setup="broken models"),
@@ -193,6 +195,10 @@ CASES = [
          ("{critic} is a reward model (step 2 output)",)),
     Case("chat model path that does not exist", "chat", ["--path", "/nonexistent/actor", "--prompt", "hi"],
          ("model path /nonexistent/actor does not exist",)),
+    Case("chat with standard input closed", "chat process", ["--path", "tiny"],
+         ("no --prompt and standard input is closed",), stdin=None),
+    Case("chat with standard input not UTF-8", "chat process", ["--path", "tiny"],
+         ("standard input is not UTF-8 text (line 2)",), stdin=b"clear\n\xff\xfe hello\n"),
     # prompt_eval.py
     Case("prompt_eval reward model as the fine-tuned model", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "{critic}", *EVAL_OUT],
@@ -209,6 +215,9 @@ CASES = [
     Case("prompt_eval prompts file a folder", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--prompts_file",
           "{tmp}/good", *EVAL_OUT], ("prompts file {tmp}/good is a folder, not a file",)),
+    Case("prompt_eval --output_json an existing folder", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--num_prompts", "2",
+          "--output_json", "{out}"], ("--output_json {out} is a folder",)),
     Case("prompt_eval --output_json in a missing folder", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--num_prompts", "2",
           "--output_json", "{tmp}/nowhere/result.json"], ("--output_json {tmp}/nowhere/result.json",)),
@@ -235,6 +244,13 @@ CASES = [
          ("--hostfile {tmp}/hostfile does not exist",)),
     Case("train.py unknown step", "train.py", ["--step", "4", "--output-dir", "{out}"],
          ("argument --step: invalid choice: 4",)),
+    Case("train.py --step1-args with an unclosed quote", "train.py",
+         ["--step", "1", "--output-dir", "{out}", "--step1-args", "--data_path 'x"],
+         ("--step1-args \"--data_path 'x\": No closing quotation",)),
+    Case("train.py --hostfile a folder", "train.py",
+         ["--deployment-type", "multi_node", "--hostfile", "{tmp}/good", "--output-dir", "{out}"],
+         ("--hostfile {tmp}/good is a folder",)),
+    Case("step1 --data_split with inf", "step1", [*STEP1, "--data_split", "inf,1,1"], ("--data_split 'inf,1,1'",)),
     Case("step1 main.py malformed data, as a process", "step1 process",
          [*STEP1, "--data_path", "{tmp}/malformed"], ("{tmp}/malformed/train.json: malformed JSON on line 2",)),
 ]
@@ -339,12 +355,15 @@ def run_in_process(main, argv, capsys):
     return exit_info.value.code, captured.out, captured.err
 
 
-def run_process(cli, argv):
-    script = {"train.py": ROOT / "train.py", "step1 process": ROOT / "training/step1_supervised_finetuning/main.py"}
+def run_process(cli, argv, stdin=b""):
+    """(exit code, stdout, stderr) of the script run as a process; `stdin` None: its standard input closed."""
+    script = {"train.py": ROOT / "train.py", "step1 process": ROOT / "training/step1_supervised_finetuning/main.py",
+              "chat process": ROOT / "chat.py"}
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    feed = dict(stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0)) if stdin is None else dict(input=stdin)
     result = subprocess.run([sys.executable, str(script[cli]), *argv], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=300)
-    return result.returncode, result.stdout, result.stderr
+                            timeout=300, **feed)
+    return result.returncode, result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
 
 
 def folder_state(path):
@@ -374,8 +393,8 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
 
     argv = [fill(arg) for arg in case.argv]
     try:
-        if case.cli in ("train.py", "step1 process"):
-            code, stdout, stderr = run_process(case.cli, argv)
+        if case.cli in ("train.py", "step1 process", "chat process"):
+            code, stdout, stderr = run_process(case.cli, argv, case.stdin)
         else:
             code, stdout, stderr = run_in_process(in_process_mains()[case.cli], argv, capsys)
     finally:
@@ -388,7 +407,7 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
         assert fill(message) in errors[0]
     assert "Traceback" not in stderr
     assert folder_state(out) == before
-    if case.cli == "chat":
+    if case.cli.startswith("chat"):
         assert stdout == ""  # no answer printed
 
 

@@ -184,6 +184,9 @@ def check_common_args(args):
 
 
 def check_output_file(flag, path):
-    """Refuse an output file whose folder does not exist, before any work that would be lost at the end."""
+    """Refuse an output file whose folder does not exist, or that is a folder, before any work that would be lost
+    at the end."""
     if path and not Path(path).resolve().parent.is_dir():
         raise ConfigError(f"{flag} {path}: its folder {Path(path).resolve().parent} does not exist")
+    if path and Path(path).is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file to write")

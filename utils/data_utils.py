@@ -6,6 +6,7 @@ seeded shuffle: phase 1 (SFT) uses part 0, phase 2 (reward model) part 1, phase 
 trained on twice. The shuffled indices of each part are cached in `--data_output_path` as `.npy` files written
 and read without pickle.
 """
+import math
 import os
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ def parse_data_split(data_split):
         parts = [float(part) for part in data_split.split(",")]
     except ValueError:
         parts = []
-    if len(parts) != 3 or any(part < 0 or part != part for part in parts) or sum(parts) <= 0:
+    if len(parts) != 3 or not all(math.isfinite(part) and part >= 0 for part in parts) or sum(parts) <= 0:
         raise ConfigError(f"--data_split {data_split!r} must be three comma-separated non-negative numbers with a "
                           "positive sum, like 2,4,4")
     total = sum(parts)
