@@ -106,7 +106,10 @@ def step_command(args, step, dirs):
 
 def run_step(args, step, command, out_dir):
     """Run one step with its output in `out_dir/training.log`; return its wall time, or None on failure."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The `deepspeed` launcher of this interpreter's environment first, whatever PATH holds (a venv's python
+    # run by its full path has its bin/ off PATH).
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if args.hostfile:
         env["HOSTFILE"] = args.hostfile
     if args.dry_run:
@@ -127,7 +130,8 @@ def run_step(args, step, command, out_dir):
         lines = log_path.read_text(errors="replace").splitlines()
         errors = [line for line in lines if line.startswith("error: ")]
         print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]), flush=True)
-        cause = errors[-1][len("error: "):] if errors else f"see {log_path} for the traceback"
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "nothing")
+        cause = errors[-1][len("error: "):] if errors else f"exit {returncode}, its log {log_path} ends: {last}"
         print(f"error: step {step} failed: {cause}; re-run this step alone with --step {step}", file=sys.stderr,
               flush=True)
         return None

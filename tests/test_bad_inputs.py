@@ -355,11 +355,12 @@ def run_in_process(main, argv, capsys):
     return exit_info.value.code, captured.out, captured.err
 
 
-def run_process(cli, argv, stdin=b""):
-    """(exit code, stdout, stderr) of the script run as a process; `stdin` None: its standard input closed."""
+def run_process(cli, argv, stdin=b"", env=None):
+    """(exit code, stdout, stderr) of the script run as a process; `stdin` None: its standard input closed;
+    `env`: variables to change."""
     script = {"train.py": ROOT / "train.py", "step1 process": ROOT / "training/step1_supervised_finetuning/main.py",
               "chat process": ROOT / "chat.py"}
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     feed = dict(stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0)) if stdin is None else dict(input=stdin)
     result = subprocess.run([sys.executable, str(script[cli]), *argv], cwd=ROOT, env=env, capture_output=True,
                             timeout=300, **feed)
@@ -411,13 +412,18 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
         assert stdout == ""  # no answer printed
 
 
-def test_a_failing_step_under_train_py_is_one_error_line_and_leaves_only_its_log(tmp_path):
+@pytest.mark.parametrize("path", ["as it is", "without the environment's bin/"])
+def test_a_failing_step_under_train_py_is_one_error_line_and_leaves_only_its_log(tmp_path, path):
     """A step that fails inside the launcher: train.py names the step and the step's own error line, and the
-    step's folder holds nothing but the log it points to."""
+    step's folder holds nothing but the log it points to. The launcher is the running interpreter's own, also
+    when its folder is not on PATH (a venv's python run by its full path)."""
     out = tmp_path / "out"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {} if path == "as it is" else {
+        "PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != bin_dir and "shims" not in p)}
     code, stdout, stderr = run_process("train.py", [
         "--step", "1", "--no-eval", "--output-dir", str(out),
-        "--step1-args", f"--data_path {tmp_path}/nowhere --data_output_path {tmp_path}/cache"])
+        "--step1-args", f"--data_path {tmp_path}/nowhere --data_output_path {tmp_path}/cache"], env=env)
     assert code == 1, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: step 1 failed: unknown data set '{tmp_path}/nowhere': it is not a known name "
