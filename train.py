@@ -113,6 +113,9 @@ def parse_args(argv=None):
                              "batches) and at its end, under <its output folder>/checkpoints/ (0: none).")
     parser.add_argument("--resume", action="store_true",
                         help="Each step resumes from its latest complete checkpoint (a step without one starts over).")
+    parser.add_argument("--overwrite-output-dir", action="store_true",
+                        help="Each step starts over in a folder holding an earlier run's checkpoints, deleting them "
+                             "(without it, or --resume, a step refuses such a folder).")
     parser.add_argument("--no-eval", action="store_true", help="Skip the side-by-side evaluation at the end.")
     parser.add_argument("--dry-run", action="store_true", help="Print the launcher commands, run nothing.")
     args = parser.parse_args(argv)
@@ -125,6 +128,11 @@ def parse_args(argv=None):
     args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
     if args.reward_from_sft is None:
         args.reward_from_sft = args.reward_model == args.actor_model
+    for step in (1, 2, 3):
+        try:
+            shlex.split(getattr(args, f"step{step}_args"))
+        except ValueError as err:  # an unclosed quote
+            raise ConfigError(f"--step{step}-args {getattr(args, f'step{step}_args')!r}: {err}") from None
     return args
 
 
@@ -157,6 +165,7 @@ def pipeline_flags(args):
     flags = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
     flags += ["--save_steps", str(args.save_steps)] if args.save_steps else []
     flags += ["--resume"] if args.resume else []
+    flags += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
     flags += ["--data_path", *args.data_path] if args.data_path else []
     flags += ["--data_split", args.data_split] if args.data_split else []
     flags += ["--seed", str(args.seed)] if args.seed is not None else []
@@ -178,7 +187,10 @@ def stage_env():
     """The environment of every stage and of the evaluation. PYTHONHASHSEED is fixed (unless the user set it) so
     that data generators iterating over Python sets (a few reasoning-gym tasks) make the same questions in every
     process: the verifier of step 3 and of the evaluation must find the questions the data set made."""
-    return {"PYTHONHASHSEED": "0", **os.environ, "PYTHONUNBUFFERED": "1"}
+    # The `deepspeed` launcher of this interpreter's environment first, whatever PATH holds (a venv's python run by
+    # its full path has its bin/ off PATH).
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {"PYTHONHASHSEED": "0", **os.environ, "PYTHONUNBUFFERED": "1", "PATH": path}
 
 
 def run_stage(args, stage, command, out_dir):
@@ -205,7 +217,8 @@ def run_stage(args, stage, command, out_dir):
         lines = log_path.read_text(errors="replace").splitlines()
         errors = [line for line in lines if line.startswith("error: ")]
         print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]), flush=True)
-        cause = errors[-1][len("error: "):] if errors else f"see {log_path} for the traceback"
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "nothing")
+        cause = errors[-1][len("error: "):] if errors else f"exit {returncode}, its log {log_path} ends: {last}"
         print(f"error: step {step} failed: {cause}; re-run this step alone with --step {step}", file=sys.stderr,
               flush=True)
         return None
@@ -250,6 +263,8 @@ def check_inputs(args, stages, dirs):
 
     if args.deployment_type == "multi_node":
         hostfile = args.hostfile or "/job/hostfile"
+        if Path(hostfile).is_dir():
+            raise ConfigError(f"--hostfile {hostfile} is a folder, not a DeepSpeed hostfile")
         if not Path(hostfile).is_file():
             raise ConfigError(f"--hostfile {hostfile} does not exist (multi_node runs the hosts of a DeepSpeed "
                               "hostfile)")

@@ -7,6 +7,7 @@ Three ways to run it:
 - piped stdin (no --prompt): each line is the next turn of ONE conversation (history kept, `clear` and `quit`
   honoured, empty lines skipped); each answer is printed on a line of its own.
 """
+import itertools
 import sys
 
 from utils.runtime.args import ArgumentParser
@@ -104,6 +105,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.prompt is not None and not args.prompt.strip():
         raise ChatRLHFError("--prompt is empty")
+    if args.prompt is None and sys.stdin is None:
+        raise ChatRLHFError("no --prompt and standard input is closed: pass --prompt TEXT, or the turns on "
+                            "standard input")
     from utils.model.model_utils import resolve_model_path
 
     path = resolve_model_path(args.path)  # a mistyped path fails at once, before torch is imported
@@ -118,7 +122,7 @@ def main(argv=None):
     elif sys.stdin.isatty():
         interactive(bot, args.show_prompt)
     else:
-        for line in sys.stdin:
+        for line in stdin_lines():
             user = line.rstrip("\r\n")
             command = user.strip().lower()
             if command == QUIT:
@@ -127,6 +131,21 @@ def main(argv=None):
                 bot.clear()
             elif user.strip():
                 print(one_line(answer_turn(bot, user, args.show_prompt)), flush=True)
+
+
+def stdin_lines():
+    """The lines of standard input as they come; bytes that are not UTF-8 text end the chat in one error line
+    (Python reads them as an error or, under a C locale, as lone surrogates that no tokenizer takes)."""
+    lines = iter(sys.stdin)
+    for number in itertools.count(1):
+        try:
+            line = next(lines)
+            line.encode("utf-8")
+        except StopIteration:
+            return
+        except (UnicodeDecodeError, UnicodeEncodeError):
+            raise ChatRLHFError(f"standard input is not UTF-8 text (line {number})") from None
+        yield line
 
 
 def interactive(bot, show_prompt):

@@ -59,9 +59,16 @@ def read_prompts_file(path):
     one prompt per line. Each prompt is used verbatim (write it formatted, e.g. " Human: ... Assistant:");
     blank lines are skipped. The file is JSON lines when its first non-blank line starts with `{`."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"prompts file {path} is a folder, not a file")
     if not path.is_file():
         raise DataError(f"prompts file {path} does not exist")
-    lines = [(number, line.rstrip("\r\n")) for number, line in enumerate(path.read_text().splitlines(), 1)]
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first prompt
+    except UnicodeDecodeError as err:
+        raise DataError(f"prompts file {path} is not UTF-8 text (byte {err.start})") from None
+    # Lines end at "\n" only (str.splitlines would also split at U+2028, U+0085... inside a prompt).
+    lines = [(number, line.rstrip("\r")) for number, line in enumerate(text.split("\n"), 1)]
     lines = [(number, line) for number, line in lines if line.strip()]
     if not lines:
         raise DataError(f"prompts file {path} has no prompts")

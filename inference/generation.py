@@ -8,7 +8,7 @@ new tokens of all of them start together; Hugging Face `generate` derives the po
 import torch
 
 from utils.data.prompting import encode_prompt_text, format_turns
-from utils.model.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
+from utils.model.model_utils import is_reward_model_folder, load_pretrained, load_tokenizer, resolve_model_path
 from utils.runtime.errors import ChatRLHFError, ConfigError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -34,8 +34,7 @@ def load_causal_lm(path_or_name, dtype="fp32", trust_remote_code=False):
         raise ConfigError(f"{path_or_name} is a reward model (step 2 output), not a causal language model; "
                           "pass a step-1 or step-3 actor folder or a base model")
     tokenizer = load_tokenizer(path, trust_remote_code, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES[dtype],
-                                                 trust_remote_code=trust_remote_code)
+    model = load_pretrained(AutoModelForCausalLM, path, dtype=TORCH_DTYPES[dtype], trust_remote_code=trust_remote_code)
     model.eval()
     return model, tokenizer
 

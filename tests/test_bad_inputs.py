@@ -31,6 +31,8 @@ class Case:
     message: tuple  # each must appear in the one error line
     exit_code: int = 2
     hide_module: str = ""  # a package made unimportable for the case (in-process CLIs only)
+    setup: str = None  # a key of SETUPS: what to prepare in `tmp` and `out` first
+    stdin: bytes = b""  # a process's standard input (None: closed)
 
 
 STEP1 = ["--output_dir", "{out}", "--max_steps", "1", "--data_output_path", "{tmp}/cache"]
@@ -85,6 +87,47 @@ CASES = [
     Case("step1 malformed --deepspeed_config", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/malformed/train.json"],
          ("--deepspeed_config {tmp}/malformed/train.json",)),
+    Case("step1 negative --max_steps", "step1", [*STEP1, "--max_steps", "-1"],
+         ("--max_steps must be at least 0, not -1",)),
+    Case("step1 --print_interval 0", "step1", [*STEP1, "--print_interval", "0"],
+         ("--print_interval must be at least 1, not 0",)),
+    Case("step1 negative --seed", "step1", [*STEP1, "--seed", "-1"], ("--seed must be in [0, 2**32), not -1",)),
+    Case("step1 --seed of 2**32", "step1", [*STEP1, "--seed", "4294967296"],
+         ("--seed must be in [0, 2**32), not 4294967296",)),
+    Case("step1 --learning_rate nan", "step1", [*STEP1, "--learning_rate", "nan"],
+         ("--learning_rate must be positive, not nan",)),
+    Case("step1 --dropout 2", "step1", [*STEP1, "--dropout", "2"], ("--dropout must be in [0, 1), not 2.0",)),
+    Case("step1 --weight_decay nan", "step1", [*STEP1, "--weight_decay", "nan"],
+         ("--weight_decay must be at least 0, not nan",)),
+    Case("step1 --data_output_path an existing file", "step1", [*STEP1, "--data_output_path", "{tmp}/empty.jsonl"],
+         ("--data_output_path {tmp}/empty.jsonl is a file",)),
+    Case("step1 --deepspeed_config with an optimizer section", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_optimizer.json"],
+         ("--deepspeed_config {tmp}/ds_optimizer.json: its 'optimizer' section would have no effect",)),
+    Case("step1 --deepspeed_config batch size against the flags", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--per_device_train_batch_size", "4", "--deepspeed_config",
+          "{tmp}/ds_batch.json"], ("--deepspeed_config {tmp}/ds_batch.json: train_batch_size 32 disagrees with "
+                                   "the 4 of the flags",)),
+    # step 1: the output folder
+    Case("step1 --output_dir in use by another run", "step1", [*STEP1, "--data_path", "{tmp}/good"],
+         ("--output_dir {out} is in use by another run (PID {pid}",), setup="lock out"),
+    Case("step1 fresh run over an earlier run's checkpoints", "step1", [*STEP1, "--data_path", "{tmp}/good"],
+         ("--output_dir {out} holds checkpoints of an earlier run (step5)", "--resume", "--overwrite_output_dir"),
+         setup="checkpoint in out"),
+    Case("step1 --output_dir is a file", "step1", [*STEP1, "--output_dir", "{tmp}/empty.jsonl"],
+         ("--output_dir {tmp}/empty.jsonl is a file",)),
+    Case("step1 --output_dir inside a file", "step1", [*STEP1, "--output_dir", "{tmp}/empty.jsonl/out"],
+         ("--output_dir {tmp}/empty.jsonl/out: cannot write there",)),
+    Case("step1 --output_dir not writable", "step1", [*STEP1, "--output_dir", "{readonly}/out"],
+         ("--output_dir {readonly}/out: cannot write there",)),
+    Case("step1 --output_dir is the input model folder", "step1",
+         [*STEP1, "--model_name_or_path", "{actor}", "--output_dir", "{actor}"],
+         ("would save the trained model into --model_name_or_path {actor}",)),
+    Case("step3 --output_dir holding the actor as actor/", "step3",
+         [*STEP3, "--actor_model_name_or_path", "{tmp}/step3out/actor", "--critic_model_name_or_path", "{critic}",
+          "--output_dir", "{tmp}/step3out"],
+         ("would save the trained model into --actor_model_name_or_path {tmp}/step3out/actor",),
+         setup="actor in step3out"),
     # step 2
     Case("step2 empty field in a row", "step2", [*STEP2, "--data_path", "{tmp}/emptyfield.jsonl"],
          ("{tmp}/emptyfield.jsonl: row 3 (line 4): field 'chosen' is empty",)),
@@ -123,6 +166,46 @@ CASES = [
          [*STEP3, *MODELS, "--data_path", "reasoning_gym:chain_sum?min_terms=3&max_terms=2"],
          ("reasoning_gym:chain_sum?min_terms=3&max_terms=2: reasoning-gym refuses this configuration",
           "max_terms must be >= min_terms")),
+    Case("step3 negative --max_steps", "step3", [*STEP3, *MODELS, "--max_steps", "-1"],
+         ("--max_steps must be at least 0, not -1",)),
+    Case("step3 --generation_batches more than the prompt batches", "step3",
+         [*STEP3, *MODELS, "--data_path", "{tmp}/good", "--generation_batches", "5"],
+         ("no PPO round to train: --generation_batches 5 is more than the 1 prompt batch(es) of an epoch",)),
+    Case("step3 --temperature nan", "step3", [*STEP3, *MODELS, "--temperature", "nan"],
+         ("--temperature must be positive, not nan",)),
+    Case("step3 --cliprange -1", "step3", [*STEP3, *MODELS, "--cliprange", "-1"],
+         ("--cliprange must be positive, not -1.0",)),
+    Case("step3 --ema_beta 3", "step3", [*STEP3, *MODELS, "--enable_ema", "--ema_beta", "3"],
+         ("--ema_beta must be in [0, 1], not 3.0",)),
+    Case("step3 --actor_learning_rate nan", "step3", [*STEP3, *MODELS, "--actor_learning_rate", "nan"],
+         ("--actor_learning_rate must be positive, not nan",)),
+    # a damaged model folder, as chat.py and steps 1 and 2 load it
+    Case("chat model folder with a truncated model.safetensors", "chat",
+         ["--path", "{tmp}/broken/truncated", "--prompt", "hi"],
+         ("model folder {tmp}/broken/truncated: its weights cannot be loaded (SafetensorError",),
+         setup="broken models"),
+    Case("chat model folder with a garbage model.safetensors", "chat",
+         ["--path", "{tmp}/broken/garbage", "--prompt", "hi"],
+         ("model folder {tmp}/broken/garbage: its weights cannot be loaded",), setup="broken models"),
+    Case("chat model folder without weights", "chat", ["--path", "{tmp}/broken/noweights", "--prompt", "hi"],
+         ("model folder {tmp}/broken/noweights: its weights cannot be loaded",), setup="broken models"),
+    Case("chat model folder without tokenizer files", "chat",
+         ["--path", "{tmp}/broken/notokenizer", "--prompt", "hi"],
+         ("model folder {tmp}/broken/notokenizer: its tokenizer cannot be loaded",), setup="broken models"),
+    Case("chat malformed config.json", "chat", ["--path", "{tmp}/broken/badconfig", "--prompt", "hi"],
+         ("{tmp}/broken/badconfig/config.json cannot be read as JSON",), setup="broken models"),
+    Case("step1 malformed config.json", "step1", [*STEP1, "--model_name_or_path", "{tmp}/broken/badconfig"],
+         ("{tmp}/broken/badconfig/config.json cannot be read as JSON",), setup="broken models"),
+    Case("step1 config.json of another architecture", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/broken/gpt2config"],
+         ("model folder {tmp}/broken/gpt2config: its weights do not fit the GPT2LMHeadModel",
+          "of the model's weights missing from the folder"), setup="broken models"),
+    Case("step2 config.json of another architecture", "step2",
+         [*STEP2, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/broken/gpt2config"],
+         ("model folder {tmp}/broken/gpt2config: its weights do not fit the GPT2Model",), setup="broken models"),
+    Case("step1 model folder with a truncated model.safetensors", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/broken/truncated"],
+         ("model folder {tmp}/broken/truncated: its weights cannot be loaded",), setup="broken models"),
     # chat.py
     Case("chat empty prompt", "chat", ["--path", "tiny", "--prompt", "  "], ("--prompt is empty",)),
     Case("chat prompt longer than the context", "chat", ["--path", "tiny", "--prompt", LONG_PROMPT],
@@ -131,6 +214,10 @@ CASES = [
          ("{critic} is a reward model (step 2 output)",)),
     Case("chat model path that does not exist", "chat", ["--path", "/nonexistent/actor", "--prompt", "hi"],
          ("model path /nonexistent/actor does not exist",)),
+    Case("chat with standard input closed", "chat process", ["--path", "tiny"],
+         ("no --prompt and standard input is closed",), stdin=None),
+    Case("chat with standard input not UTF-8", "chat process", ["--path", "tiny"],
+         ("standard input is not UTF-8 text (line 2)",), stdin=b"clear\n\xff\xfe hello\n"),
     # prompt_eval.py
     Case("prompt_eval reward model as the fine-tuned model", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "{critic}", *EVAL_OUT],
@@ -141,16 +228,25 @@ CASES = [
     Case("prompt_eval prompts file that does not exist", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--prompts_file",
           "{tmp}/prompts.txt", *EVAL_OUT], ("prompts file {tmp}/prompts.txt does not exist",)),
+    Case("prompt_eval prompts file not UTF-8", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--prompts_file",
+          "{tmp}/latin1.txt", *EVAL_OUT], ("prompts file {tmp}/latin1.txt is not UTF-8 text (byte 11)",)),
+    Case("prompt_eval prompts file a folder", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--prompts_file",
+          "{tmp}/good", *EVAL_OUT], ("prompts file {tmp}/good is a folder, not a file",)),
+    Case("prompt_eval --output_json an existing folder", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--num_prompts", "2",
+          "--output_json", "{out}"], ("--output_json {out} is a folder",)),
     Case("prompt_eval --output_json in a missing folder", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--num_prompts", "2",
           "--output_json", "{tmp}/nowhere/result.json"], ("--output_json {tmp}/nowhere/result.json",)),
     Case("prompt_eval unknown reasoning-gym task", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
           "reasoning_gym:nope", *EVAL_OUT], ("reasoning_gym:nope: unknown reasoning-gym task",)),
-    Case("prompt_eval --data_path without held-out prompts", "prompt_eval",
+    Case("prompt_eval --data_path that does not exist", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
-          "{tmp}/good", *EVAL_OUT],
-         ("--data_path {tmp}/good: held-out prompts come from 'builtin' or a reasoning_gym:",)),
+          "{tmp}/nowhere", *EVAL_OUT],
+         ("{tmp}/nowhere",)),
     Case("prompt_eval --prompts_file and --data_path together", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
           "reasoning_gym:gcd", "--prompts_file", "{tmp}/good/train.json", *EVAL_OUT],
@@ -178,6 +274,13 @@ CASES = [
          ("--hostfile {tmp}/hostfile does not exist",)),
     Case("train.py unknown step", "train.py", ["--step", "4", "--output-dir", "{out}"],
          ("argument --step: invalid choice: 4",)),
+    Case("train.py --step1-args with an unclosed quote", "train.py",
+         ["--step", "1", "--output-dir", "{out}", "--step1-args", "--data_path 'x"],
+         ("--step1-args \"--data_path 'x\": No closing quotation",)),
+    Case("train.py --hostfile a folder", "train.py",
+         ["--deployment-type", "multi_node", "--hostfile", "{tmp}/good", "--output-dir", "{out}"],
+         ("--hostfile {tmp}/good is a folder",)),
+    Case("step1 --data_split with inf", "step1", [*STEP1, "--data_split", "inf,1,1"], ("--data_split 'inf,1,1'",)),
     Case("step1 main.py malformed data, as a process", "step1 process",
          [*STEP1, "--data_path", "{tmp}/malformed"], ("{tmp}/malformed/train.json: malformed JSON on line 2",)),
 ]
@@ -198,7 +301,64 @@ def write_bad_data(tmp):
         write_jsonl(tmp / "malformed" / f"{split}.json", [GOOD_ROW]).write_text(json.dumps(GOOD_ROW) + "\n{not json\n")
     write_jsonl(tmp / "emptyfield.jsonl", [GOOD_ROW] * 3 + [dict(GOOD_ROW, chosen="")] + [GOOD_ROW] * 2)
     (tmp / "empty.jsonl").write_text("\n\n")
+    (tmp / "ds_optimizer.json").write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}))
+    (tmp / "latin1.txt").write_bytes(" Human: caf\xe9? Assistant:\n".encode("latin-1"))
+    (tmp / "ds_batch.json").write_text(json.dumps({"train_batch_size": 32}))
     (tmp / "notamodel").mkdir()
+
+
+def hold_lock(tmp, out, actor):
+    from utils.runtime.paths import FolderLock
+
+    lock = FolderLock(out)
+    assert lock.acquire()
+    return lock.release
+
+
+def make_checkpoint_in_out(tmp, out, actor):
+    (out / "checkpoints" / "step5").mkdir(parents=True)
+    (out / "checkpoints" / "step5" / "COMPLETE").write_text("step 5\n")
+
+
+def copy_actor_into_step3out(tmp, out, actor):
+    import shutil
+
+    shutil.copytree(actor, tmp / "step3out" / "actor")
+
+
+def write_broken_models(tmp, out, actor):
+    """Copies of the step-1 folder under tmp/broken/, each damaged in one way."""
+    import shutil
+
+    def broken(name):
+        return Path(shutil.copytree(actor, tmp / "broken" / name))
+
+    weights = (actor / "model.safetensors").read_bytes()
+    (broken("truncated") / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+    (broken("garbage") / "model.safetensors").write_bytes(b"not safetensors at all" * 10)
+    (broken("noweights") / "model.safetensors").unlink()
+    notokenizer = broken("notokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (notokenizer / name).unlink()
+    (broken("badconfig") / "config.json").write_text('{"model_type": "llama",')
+    config = json.loads((actor / "config.json").read_text())
+    gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": config["vocab_size"],
+            "n_embd": config["hidden_size"], "n_layer": 2, "n_head": 4, "n_positions": 128}
+    (broken("gpt2config") / "config.json").write_text(json.dumps(gpt2))
+
+
+SETUPS = {"lock out": hold_lock, "checkpoint in out": make_checkpoint_in_out,
+          "actor in step3out": copy_actor_into_step3out, "broken models": write_broken_models}
+
+
+def unwritable_folder(tmp):
+    """A folder this process cannot write in: a read-only one of ours, or for root (who may write anywhere of
+    ours) a kernel file system's."""
+    if os.geteuid() != 0:
+        folder = tmp / "readonly"
+        folder.mkdir(mode=0o555)
+        return folder
+    return Path("/sys/fs")
 
 
 def in_process_mains():
@@ -227,12 +387,16 @@ def run_in_process(main, argv, capsys):
     return exit_info.value.code, captured.out, captured.err
 
 
-def run_process(cli, argv):
-    script = {"train.py": ROOT / "train.py", "step1 process": ROOT / "training/step1_supervised_finetuning/main.py"}
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def run_process(cli, argv, stdin=b"", env=None):
+    """(exit code, stdout, stderr) of the script run as a process; `stdin` None: its standard input closed;
+    `env`: variables to change."""
+    script = {"train.py": ROOT / "train.py", "step1 process": ROOT / "training/step1_supervised_finetuning/main.py",
+              "chat process": ROOT / "chat.py"}
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    feed = dict(stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0)) if stdin is None else dict(input=stdin)
     result = subprocess.run([sys.executable, str(script[cli]), *argv], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=300)
-    return result.returncode, result.stdout, result.stderr
+                            timeout=300, **feed)
+    return result.returncode, result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
 
 
 def folder_state(path):
@@ -251,17 +415,29 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
     out = tmp_path / "out"
     if case.cli in ("prompt_eval", "rw_eval"):
         out.mkdir()  # their output is a file in an existing folder
+    cleanup = None
+    if case.setup:
+        cleanup = SETUPS[case.setup](tmp_path, out, actor)
     before = folder_state(out)
 
+    places = {"{tmp}": tmp_path, "{out}": out, "{actor}": actor, "{critic}": critic, "{pid}": os.getpid()}
+    if any("{readonly}" in arg for arg in case.argv):
+        places["{readonly}"] = unwritable_folder(tmp_path)
+
     def fill(text):
-        return (text.replace("{tmp}", str(tmp_path)).replace("{out}", str(out)).replace("{actor}", str(actor))
-                .replace("{critic}", str(critic)))
+        for place, value in places.items():
+            text = text.replace(place, str(value))
+        return text
 
     argv = [fill(arg) for arg in case.argv]
-    if case.cli in ("train.py", "step1 process"):
-        code, stdout, stderr = run_process(case.cli, argv)
-    else:
-        code, stdout, stderr = run_in_process(in_process_mains()[case.cli], argv, capsys)
+    try:
+        if case.cli in ("train.py", "step1 process", "chat process"):
+            code, stdout, stderr = run_process(case.cli, argv, case.stdin)
+        else:
+            code, stdout, stderr = run_in_process(in_process_mains()[case.cli], argv, capsys)
+    finally:
+        if cleanup:
+            cleanup()
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code == case.exit_code, f"exit {code}; stderr: {stderr[-2000:]}"
     assert len(errors) == 1, stderr[-2000:]
@@ -269,17 +445,22 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
         assert fill(message) in errors[0]
     assert "Traceback" not in stderr
     assert folder_state(out) == before
-    if case.cli == "chat":
+    if case.cli.startswith("chat"):
         assert stdout == ""  # no answer printed
 
 
-def test_a_failing_step_under_train_py_is_one_error_line_and_leaves_only_its_log(tmp_path):
+@pytest.mark.parametrize("path", ["as it is", "without the environment's bin/"])
+def test_a_failing_step_under_train_py_is_one_error_line_and_leaves_only_its_log(tmp_path, path):
     """A step that fails inside the launcher: train.py names the step and the step's own error line, and the
-    step's folder holds nothing but the log it points to."""
+    step's folder holds nothing but the log it points to. The launcher is the running interpreter's own, also
+    when its folder is not on PATH (a venv's python run by its full path)."""
     out = tmp_path / "out"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {} if path == "as it is" else {
+        "PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != bin_dir and "shims" not in p)}
     code, stdout, stderr = run_process("train.py", [
         "--step", "1", "--no-eval", "--output-dir", str(out),
-        "--step1-args", f"--data_path {tmp_path}/nowhere --data_output_path {tmp_path}/cache"])
+        "--step1-args", f"--data_path {tmp_path}/nowhere --data_output_path {tmp_path}/cache"], env=env)
     assert code == 1, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: step 1 failed: unknown data set '{tmp_path}/nowhere': it is not a known name "

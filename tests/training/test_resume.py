@@ -149,6 +149,55 @@ def test_step1_two_processes_zero2_killed_and_resumed_equals_an_uninterrupted_ru
     assert_same_metrics(reference, resumed)
 
 
+def test_a_second_run_on_the_same_output_dir_stops_at_once_naming_the_first(tmp_path):
+    """Two step-1 runs with checkpoints on one --output_dir: the second ends in one line naming the first's PID,
+    and the first, undisturbed, finishes with its checkpoints. (The first is paused while the second starts, so
+    it cannot finish first on a fast machine.)"""
+    out = tmp_path / "out"
+    command = [sys.executable, str(STEP1 / "main.py"), *STEP1_FLAGS, "--max_steps", "10", "--data_output_path",
+               str(tmp_path / "data"), "--output_dir", str(out), "--save_steps", "5"]
+    first = subprocess.Popen(command, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    log = []
+    for line in first.stdout:
+        log.append(line)
+        if SAVED.search(line):
+            first.send_signal(signal.SIGSTOP)
+            try:
+                second = run(command)
+            finally:
+                first.send_signal(signal.SIGCONT)
+            break
+    log += first.stdout.readlines()
+    assert first.wait(timeout=300) == 0, "".join(log[-30:])
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+    assert second.returncode == 2 and len(errors) == 1, second.stderr[-2000:]
+    assert f"--output_dir {out} is in use by another run (PID {first.pid}," in errors[0]
+    assert "Traceback" not in second.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step10", "step5"]
+
+
+def test_resume_with_other_training_flags_stops_naming_each_and_touches_nothing(tmp_path):
+    """Another batch size, learning rate and a --max_steps below the checkpoint's step: one line naming all three,
+    nothing written. Changing only flags of the README's 'may change' list resumes."""
+    out = tmp_path / "out"
+    command = [sys.executable, str(STEP1 / "main.py"), *STEP1_FLAGS, "--max_steps", "10", "--data_output_path",
+               str(tmp_path / "data"), "--output_dir", str(out), "--save_steps", "5"]
+    run_ok(command)
+    before = folder_digest(out)
+    changed = run([*command, "--resume", "--per_device_train_batch_size", "8", "--learning_rate", "2e-3",
+                   "--max_steps", "4"])
+    errors = [line for line in changed.stderr.splitlines() if line.startswith("error:")]
+    assert changed.returncode == 2 and len(errors) == 1 and "Traceback" not in changed.stderr, changed.stderr
+    for difference in ("--per_device_train_batch_size 4 (now 8)", "--learning_rate 0.001 (now 0.002)",
+                       "--max_steps 10 (now 4)"):
+        assert difference in errors[0]
+    assert folder_digest(out) == before
+    log = run_ok([*command, "--resume", "--save_steps", "3", "--print_interval", "1", "--data_output_path",
+                  str(tmp_path / "other")])
+    assert "resumed from" in log and "(step 10)" in log
+
+
 def folder_digest(folder):
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}
@@ -182,10 +231,12 @@ def test_a_non_finite_loss_stops_with_one_error_line_and_keeps_the_last_checkpoi
     assert folder_digest(checkpoint) == digest  # untouched since it was written
 
 
-def test_train_py_passes_save_steps_and_resume_to_every_step():
+def test_train_py_passes_save_steps_resume_and_overwrite_to_every_step():
     result = run([sys.executable, "train.py", "--dry-run", "--save-steps", "50", "--resume"])
     assert result.returncode == 0, result.stderr
     step_lines = result.stdout.splitlines()[:3]
     assert all("--save_steps 50 --resume" in line for line in step_lines), step_lines
+    overwrite = run([sys.executable, "train.py", "--dry-run", "--overwrite-output-dir"]).stdout.splitlines()[:3]
+    assert all(line.endswith("--overwrite_output_dir") for line in overwrite), overwrite
     plain = run([sys.executable, "train.py", "--dry-run"]).stdout
-    assert "--save_steps" not in plain and "--resume" not in plain
+    assert "--save_steps" not in plain and "--resume" not in plain and "--overwrite_output_dir" not in plain

@@ -18,8 +18,9 @@ from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, make_d
 from utils.model.model_utils import count_parameters, create_hf_model, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
-                                add_logging_args, add_lora_args, add_model_args, add_training_args, check_common_args)
-from utils.runtime.checkpoint import Checkpointer, TrainingPosition
+                                add_logging_args, add_lora_args, add_model_args, add_training_args, check_common_args,
+                                training_flags)
+from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
                                   write_metrics)
@@ -70,6 +71,7 @@ def main(argv=None):
 
     # Data
     model_path = resolve_model_path(args.model_name_or_path)
+    claim_output_dir(args, inputs={"--model_name_or_path": model_path})
     tokenizer = load_tokenizer(model_path, args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
                                                         1, args.seed, tokenizer, args.max_seq_len)
@@ -90,7 +92,8 @@ def main(argv=None):
 
     # Loop (resumed from the latest checkpoint with --resume)
     position = TrainingPosition(train_loader)
-    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position)
+    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position,
+                                flags=training_flags(args, step=1))
     resumed = checkpointer.resume() if args.resume else None
     monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step1_sft")
     throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)

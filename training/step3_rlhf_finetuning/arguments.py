@@ -112,6 +112,4 @@ def check_args(args):
     if args.offload and 0 in (args.actor_zero_stage, args.critic_zero_stage):
         raise ConfigError("--offload needs --actor_zero_stage and --critic_zero_stage of 1, 2 or 3 (it moves "
                           "optimizer state to the CPU)")
-    if args.temperature <= 0 or not 0 < args.top_p <= 1:
-        raise ConfigError("--temperature must be positive and --top_p in (0, 1]")
     args.reward_clip = args.reward_clip or None

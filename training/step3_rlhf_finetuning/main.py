@@ -24,8 +24,9 @@ from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_pro
                                    create_unsupervised_dataset, make_dataloader)
 from utils.model.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
-from utils.runtime.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, python_random_state,
-                                      set_python_random_state)
+from utils.runtime.args import training_flags
+from utils.runtime.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
+                                      python_random_state, set_python_random_state)
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.engine import start_run, write_metrics
 from utils.runtime.errors import ConfigError, cli_entry
@@ -52,6 +53,9 @@ def main(argv=None):
 
     # Data
     actor_path, critic_path = resolve_step_models(args)
+    claim_output_dir(args, inputs={"--actor_model_name_or_path": actor_path,
+                                   "--critic_model_name_or_path": critic_path},
+                     model_dirs=[f"{args.output_dir}/{name}" for name in ("actor", "critic", "actor_ema")])
     tokenizer = load_tokenizer(actor_path, args.trust_remote_code)
     prompt_dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3, args.seed,
                                               tokenizer, args.max_prompt_seq_len)
@@ -68,6 +72,11 @@ def main(argv=None):
 
     # Models
     steps_per_epoch = len(prompt_loader) // args.generation_batches * args.generation_batches
+    if steps_per_epoch == 0:
+        raise ConfigError(f"no PPO round to train: --generation_batches {args.generation_batches} is more than the "
+                          f"{len(prompt_loader)} prompt batch(es) of an epoch ({len(prompt_dataset)} prompts, "
+                          f"--per_device_generation_batch_size {args.per_device_generation_batch_size}, "
+                          f"{world_size} process(es))")
     total_steps = args.num_train_epochs * steps_per_epoch
     total_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
     minibatches = args.per_device_generation_batch_size // args.per_device_training_batch_size
@@ -81,7 +90,7 @@ def main(argv=None):
     position = TrainingPosition(prompt_loader)
     checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit,
                                 {"actor": engine.actor, "critic": engine.critic}, position,
-                                weights={"actor_ema": engine.actor_ema})
+                                weights={"actor_ema": engine.actor_ema}, flags=training_flags(args, step=3))
     shuffler = random.Random(args.seed)
     history, experiences, step = [], [], 0
     resumed = checkpointer.resume() if args.resume else None

@@ -118,7 +118,8 @@ def _parse_json_rows(path: Path, text: str) -> list[tuple[Any, str]]:
             raise DataError(f"{path}: expected a JSON array of objects or JSON lines")
         return [(value, f"row {i}") for i, value in enumerate(data)]
     records = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # JSON lines end at "\n" only: str.splitlines would also split at U+2028, U+0085... that JSON strings may hold.
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

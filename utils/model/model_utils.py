@@ -29,6 +29,7 @@ def resolve_model_path(name_or_path):
     if path.exists():
         if not (path / "config.json").is_file():
             raise ConfigError(f"model folder {name_or_path} has no config.json: not a Hugging Face model folder")
+        read_model_config(path)
         return str(path)
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
         raise ConfigError(f"model path {name_or_path} does not exist")
@@ -42,9 +43,27 @@ def resolve_model_path(name_or_path):
     return name_or_path
 
 
+def read_model_config(folder):
+    """A model folder's config.json as a dict; a ConfigError naming it if it is not a JSON object."""
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path} cannot be read as JSON ({one_line_error(err)})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} is not a model config (a JSON object), but a {type(config).__name__}")
+    return config
+
+
 def is_reward_model_folder(path):
     config = Path(path) / "config.json"
-    return config.is_file() and REWARD_MODEL_KEY in json.loads(config.read_text())
+    return config.is_file() and REWARD_MODEL_KEY in read_model_config(path)
+
+
+def one_line_error(err):
+    """`Type: first line of the message` of an exception raised by a library reading a user's file."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def load_tokenizer(path, trust_remote_code=False, padding_side="right"):
@@ -52,7 +71,10 @@ def load_tokenizer(path, trust_remote_code=False, padding_side="right"):
     masks, never by comparing ids with pad, so pad = eos is safe)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as err:  # no tokenizer files, a damaged one: whatever the library raises, name the folder
+        raise ConfigError(f"model folder {path}: its tokenizer cannot be loaded ({one_line_error(err)})") from None
     if tokenizer.eos_token_id is None:
         raise ConfigError(f"the tokenizer of {path} has no eos token; answers could never end")
     if tokenizer.pad_token_id is None:
@@ -81,16 +103,43 @@ def create_hf_model(model_class, path, tokenizer, ds_config=None, dropout=None, 
     if is_reward_model_folder(path) and model_class.__name__ == "AutoModelForCausalLM":
         raise ConfigError(f"{path} is a reward model (step 2 output), not a causal language model; pass the "
                           "step-1 actor or a base model")
-    config = configure_dropout(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), dropout)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as err:
+        raise ConfigError(f"model folder {path}: its config.json cannot be loaded ({one_line_error(err)})") from None
+    config = configure_dropout(config, dropout)
     hf_ds_config = _zero3_init_context(ds_config)  # noqa: F841 (must stay alive while the model loads)
     # fp32 whatever the folder was saved in (transformers 5 would keep a bf16 folder in bf16 by default, and a
-    # reward model's fp32 value head would then meet bf16 hidden states).
-    model = model_class.from_pretrained(path, config=config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    # reward model's fp32 value head would then meet bf16 hidden states). A reward model's backbone (AutoModel)
+    # from a causal LM's folder leaves its LM head out.
+    model = load_pretrained(model_class, path, dropped=("lm_head.",) if model_class.__name__ == "AutoModel" else (),
+                            config=config, dtype=torch.float32, trust_remote_code=trust_remote_code)
     del hf_ds_config
     model.config.end_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(int(8 * math.ceil(len(tokenizer) / 8.0)))
+    return model
+
+
+def load_pretrained(model_class, path, dropped=(), **kwargs):
+    """`model_class.from_pretrained(path, **kwargs)`, anything wrong with the folder one ConfigError naming it: an
+    unreadable config or weights file, no weights, and weights that do not fit the model its config describes
+    (a config.json of another architecture: the model's weights missing from the folder would stay random, the
+    folder's unused ones would be dropped, silently). `dropped`: name prefixes of folder weights the model is
+    meant to leave out."""
+    try:
+        model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    except Exception as err:  # a truncated or garbage weights file, none at all: name the folder
+        raise ConfigError(f"model folder {path}: its weights cannot be loaded ({one_line_error(err)})") from None
+    missing = sorted(info["missing_keys"])
+    unused = sorted(key for key in info["unexpected_keys"] if not key.startswith(tuple(dropped)))
+    if missing or unused:
+        example = ", ".join(f"{what} e.g. {keys[0]}" for what, keys in (("missing", missing), ("unused", unused))
+                            if keys)
+        raise ConfigError(f"model folder {path}: its weights do not fit the {type(model).__name__} its config.json "
+                          f"describes: {len(missing)} of the model's weights missing from the folder, {len(unused)} "
+                          f"of the folder's unused ({example}); is config.json the weights' own?")
     return model
 
 

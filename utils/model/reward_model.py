@@ -13,7 +13,7 @@ from torch import nn
 
 from utils.data.data_utils import attention_mask_right, pad_right, tokenize_answer, tokenize_prompt
 from utils.model.model_utils import (REWARD_MODEL_KEY, create_hf_model, is_reward_model_folder, load_tokenizer,
-                                     model_forward_kwargs, resolve_model_path)
+                                     model_forward_kwargs, one_line_error, resolve_model_path)
 from utils.model.save import load_safetensors, save_safetensors
 from utils.rl.losses import pairwise_loss
 from utils.rl.tokens import last_token_index
@@ -48,7 +48,11 @@ class RewardModel(nn.Module):
         saved = getattr(backbone.config, REWARD_MODEL_KEY)
         model = cls(backbone, saved.get("num_padding_at_beginning", num_padding_at_beginning),
                     saved.get("base_model"))
-        head = load_safetensors(Path(path) / saved.get("value_head", VALUE_HEAD_FILE))
+        head_file = Path(path) / saved.get("value_head", VALUE_HEAD_FILE)
+        try:
+            head = load_safetensors(head_file)
+        except Exception as err:  # missing, truncated, not safetensors
+            raise ConfigError(f"{head_file} cannot be loaded ({one_line_error(err)})") from None
         if head.get("weight") is None or head["weight"].shape != model.v_head.weight.shape:
             raise ConfigError(f"{path}/{VALUE_HEAD_FILE} does not hold a value head of shape "
                               f"{tuple(model.v_head.weight.shape)}")

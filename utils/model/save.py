@@ -6,7 +6,7 @@ from pathlib import Path
 
 from utils.model.lora import fuse_lora_state_dict, has_lora
 from utils.runtime.dist import barrier, is_rank_0
-from utils.runtime.paths import make_temp_dir_beside
+from utils.runtime.paths import honour_umask, make_temp_dir_beside
 
 # Files that belong to a saved model; anything else in an output folder (training.log, TensorBoard runs,
 # checkpoints) is the run's and survives a new save.
@@ -72,6 +72,8 @@ class atomic_dir:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
+        for path in self.tmp.rglob("*.safetensors"):
+            honour_umask(path)
         if self.target.exists():
             for entry in self.target.iterdir():
                 if not _is_model_file(entry.name) and not (self.tmp / entry.name).exists():
@@ -101,4 +103,5 @@ def save_safetensors(tensors, path):
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+    honour_umask(path)
 

@@ -1,4 +1,6 @@
 """Command-line flags shared by the steps, under DeepSpeed-Chat's names."""
+import json
+import math
 from pathlib import Path
 
 from utils.runtime.ds_utils import DTYPES
@@ -94,7 +96,31 @@ def add_checkpoint_args(parser):
     group.add_argument("--resume", action="store_true",
                        help="Resume from the latest complete checkpoint in <output_dir>/checkpoints/ (start from "
                             "the beginning if there is none).")
+    group.add_argument("--overwrite_output_dir", action="store_true",
+                       help="Start over in an --output_dir that holds an earlier run's checkpoints, deleting them "
+                            "(without it, or --resume, such a folder is refused).")
     return group
+
+
+# Flags that may differ between a run and its --resume: they change what is printed, logged or saved when, never
+# the weights a run ends with. Every other flag shapes training and is checked against the checkpoint's.
+RESUME_MAY_CHANGE = ("resume", "overwrite_output_dir", "save_steps", "save_total_limit", "print_interval",
+                     "print_answers", "print_answers_interval", "enable_tensorboard", "tensorboard_path",
+                     "per_device_eval_batch_size", "eval_iters", "data_output_path", "local_rank", "deepspeed",
+                     "deepscale")
+
+
+def training_flags(args, step):
+    """The flags that shape step `step`'s training (every flag but RESUME_MAY_CHANGE), as JSON values, for a
+    checkpoint to record: a --deepspeed_config file by its content."""
+    flags = {"step": step}
+    for name, value in sorted(vars(args).items()):
+        if name in RESUME_MAY_CHANGE:
+            continue
+        if name in ("deepspeed_config", "deepscale_config") and value:
+            value = json.loads(Path(value).read_text())
+        flags[name] = value
+    return json.loads(json.dumps(flags))
 
 
 def _at_least(minimum):
@@ -111,21 +137,57 @@ def _at_least(minimum):
     return parse
 
 
+def _positive(value):
+    return value > 0
+
+
+def _non_negative(value):
+    return value >= 0
+
+
+# The range of each numeric flag a step may have, checked for the flags it has. Written as comparisons that a NaN
+# fails (NaN > 0 and NaN <= 0 are both false), so NaN is refused everywhere; inf too.
+FLAG_RANGES = {
+    **dict.fromkeys(("learning_rate", "lora_learning_rate", "actor_learning_rate", "critic_learning_rate",
+                     "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange",
+                     "cliprange_value", "adaptive_kl_horizon"), ("positive", _positive)),
+    **dict.fromkeys(("weight_decay", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
+                     "reward_clip", "unsup_coef", "missing_eos_penalty"), ("at least 0", _non_negative)),
+    **dict.fromkeys(("dropout", "actor_dropout", "critic_dropout"), ("in [0, 1)", lambda value: 0 <= value < 1)),
+    **dict.fromkeys(("ema_beta", "gamma", "lam"), ("in [0, 1]", lambda value: 0 <= value <= 1)),
+    "top_p": ("in (0, 1]", lambda value: 0 < value <= 1),
+    **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "max_seq_len", "num_train_epochs", "print_interval", "print_answers_interval"),
+                    ("at least 1", lambda value: value >= 1)),
+    **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps"),
+                    ("at least 0", _non_negative)),
+    "seed": ("in [0, 2**32)", lambda value: 0 <= value < 2 ** 32),  # what NumPy's seeding takes
+}
+
+
+def check_flag_ranges(args):
+    """Refuse a numeric flag outside its FLAG_RANGES range (None: unset, left to its default meaning)."""
+    for name, (allowed, test) in FLAG_RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and test(value)):
+            raise ConfigError(f"--{name} must be {allowed}, not {value}")
+
+
 def check_common_args(args):
-    """Flag combinations no step can run with, refused before any model is loaded."""
-    positive = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                "max_seq_len", "num_train_epochs"]
-    for name in positive:
-        if hasattr(args, name) and getattr(args, name) < 1:
-            raise ConfigError(f"--{name} must be at least 1, not {getattr(args, name)}")
+    """Flag values and combinations no step can run with, refused before any model is loaded."""
+    check_flag_ranges(args)
     # Steps 1 and 2 have --lora_dim; step 3 has --actor_lora_dim / --critic_lora_dim and checks them itself.
     if getattr(args, "only_optimize_lora", False) and hasattr(args, "lora_dim") and args.lora_dim <= 0:
         raise ConfigError("--only_optimize_lora needs --lora_dim > 0")
-    if getattr(args, "learning_rate", 1.0) <= 0:
-        raise ConfigError(f"--learning_rate must be positive, not {args.learning_rate}")
+    data_output_path = getattr(args, "data_output_path", None)
+    if data_output_path and Path(data_output_path).exists() and not Path(data_output_path).is_dir():
+        raise ConfigError(f"--data_output_path {data_output_path} is a file, not a folder")
 
 
 def check_output_file(flag, path):
-    """Refuse an output file whose folder does not exist, before any work that would be lost at the end."""
+    """Refuse an output file whose folder does not exist, or that is a folder, before any work that would be lost
+    at the end."""
     if path and not Path(path).resolve().parent.is_dir():
         raise ConfigError(f"{flag} {path}: its folder {Path(path).resolve().parent} does not exist")
+    if path and Path(path).is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file to write")

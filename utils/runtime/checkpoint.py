@@ -12,13 +12,16 @@ A checkpoint holds everything a run's future depends on:
             state.json            the step, the trainer's own state (metrics so far; for PPO the KL
                                   controller, reward moments, minibatch shuffler, metric history), rank 0
             position_rank0.json   per rank: where the run is in its data, and every random generator's state
-            COMPLETE              written last: a folder without it is never resumed from
+            COMPLETE              written last, with each file's size and sha256: a folder without it is never
+                                  resumed from, one whose files no longer match is skipped for an older one
         latest                    the name of the newest complete checkpoint (replaced atomically)
         .step130.k2x9.tmp/        a checkpoint being written, or left by a killed run: never resumed from
 
 Writing is atomic: every rank writes into one temporary folder beside the final one; after a barrier rank 0
 writes COMPLETE, renames the folder into place and then points `latest` at it (a temporary file and
-`os.replace`). Only then are checkpoints beyond the newest --save_total_limit deleted. The output folder must be
+`os.replace`). Only then are this run's checkpoints beyond the newest --save_total_limit deleted (never another
+run's: `claim_output_dir` locks the output folder for one run and settles an earlier run's checkpoints and
+leftovers before training starts). The output folder must be
 on a file system every rank sees (as DeepSpeed's own checkpoints assume). Own state is JSON and safetensors,
 never pickle (DeepSpeed's engine files are its own `torch.save` format).
 """
@@ -27,19 +30,23 @@ import os
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from utils.runtime.dist import barrier, is_rank_0, print_rank_0
-from utils.runtime.errors import ChatRLHFError, ConfigError
-from utils.runtime.paths import make_temp_dir_beside
+from utils.runtime.errors import ChatRLHFError, ConfigError, on_exit
+from utils.runtime.paths import FolderLock, make_temp_dir_beside
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 COMPLETE = "COMPLETE"
 NAME = re.compile(r"step(\d+)")
+# Left by an interrupted write: make_temp_dir_beside's `.<name>.<8 characters>.tmp`, atomic_dir's `.<name>.old`,
+# the `latest` pointer's `.latest.<pid>.tmp`.
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.tmp|old|\d+\.tmp)")
 
 
 def checkpoint_name(step):
@@ -61,13 +68,157 @@ def is_complete(path):
 def latest_checkpoint(root):
     """The checkpoint to resume from in `root` (a `checkpoints/` folder): the one `latest` names if it is complete,
     else the complete one of the highest step (a run killed between the rename and the pointer); None if none."""
+    return next(iter(_resume_order(root)), None)
+
+
+def _resume_order(root):
+    """Complete checkpoints in the order --resume tries them: the one `latest` names, then the others from the
+    highest step down."""
     root = Path(root)
     pointer = root / LATEST
     named = pointer.read_text().strip() if pointer.is_file() else ""
-    if named and is_complete(root / named):
-        return root / named
-    complete = [path for path in root.iterdir() if is_complete(path)] if root.is_dir() else []
-    return max(complete, key=checkpoint_step, default=None)
+    complete = sorted((path for path in root.iterdir() if is_complete(path)), key=checkpoint_step,
+                      reverse=True) if root.is_dir() else []
+    first = [path for path in complete if path.name == named]
+    return first + [path for path in complete if path.name != named]
+
+
+def newest_good_checkpoint(root):
+    """(the checkpoint to resume from, [(a newer one skipped, why), ...]): the first of `latest_checkpoint`'s
+    order whose files match the sizes and checksums written with it."""
+    damaged = []
+    for path in _resume_order(root):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, damaged
+        damaged.append((path, problem))
+    return None, damaged
+
+
+def file_manifest(folder):
+    """{relative path: [size in bytes, sha256]} of every file under `folder`."""
+    return {str(path.relative_to(folder)): [path.stat().st_size, _sha256(path)]
+            for path in sorted(Path(folder).rglob("*")) if path.is_file()}
+
+
+def _sha256(path):
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def verify_checkpoint(path):
+    """None if every file the checkpoint's COMPLETE lists is there with its size and checksum, else what is
+    wrong. A checkpoint written before COMPLETE held the list is taken as it is."""
+    try:
+        complete = json.loads((Path(path) / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(complete, dict) or "files" not in complete:
+        return None
+    for name, (size, digest) in complete["files"].items():
+        file = Path(path) / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, not the {size} written"
+        if _sha256(file) != digest:
+            return f"{name} does not match the checksum written with it"
+    return None
+
+
+def checkpoints_in(root):
+    """The checkpoint folders (complete or not) in `root`, by step."""
+    root = Path(root)
+    found = [path for path in root.iterdir() if path.is_dir() and checkpoint_step(path) is not None] \
+        if root.is_dir() else []
+    return sorted(found, key=checkpoint_step)
+
+
+# ---- the output folder -------------------------------------------------------------------------------------------
+
+
+def claim_output_dir(args, inputs=None, model_dirs=None):
+    """Settle everything about --output_dir that could fail late or do harm, before any data or model is loaded.
+    Rank 0 checks; every rank raises the same ConfigError if a check fails.
+
+    - it is, or can be made, a folder this process can write to (a file is created in it and deleted);
+    - no input model folder (`inputs`: {flag: path}) is a folder the run saves a model into (`model_dirs`,
+      default: the output folder itself), which the save would replace;
+    - no other run uses it: an exclusive FolderLock, held until this process's main ends, naming its PID;
+    - a fresh run does not start over an earlier run's checkpoints (its pruning would delete them): --resume
+      continues them, --overwrite_output_dir deletes them first;
+    - temporary folders and files left by an interrupted save are deleted.
+    Folders it had to create are removed at exit if the run left them empty.
+    """
+    message = None
+    if is_rank_0():
+        try:
+            _claim_output_dir(Path(args.output_dir), args.resume, args.overwrite_output_dir, inputs or {},
+                              model_dirs)
+        except ChatRLHFError as err:
+            message = str(err)
+    message = _broadcast(message)
+    if message is not None:
+        raise ConfigError(message)
+
+
+def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
+    for flag, path in inputs.items():
+        for model_dir in model_dirs or [out]:
+            if Path(path).is_dir() and Path(path).resolve() == Path(model_dir).resolve():
+                raise ConfigError(f"--output_dir {out} would save the trained model into {flag} {path}, "
+                                  "replacing the weights it starts from; pick another --output_dir")
+    created = _make_dirs(out)
+    lock = FolderLock(out)
+    if not lock.acquire():
+        _remove_if_empty(created)
+        raise ConfigError(f"--output_dir {out} is in use by another run (PID {lock.holder()}, holding "
+                          f"{lock.path}); wait for it to end or pick another --output_dir")
+    on_exit(lambda: (lock.release(), _remove_if_empty(created)))
+    root = out / CHECKPOINTS
+    earlier = checkpoints_in(root)
+    if earlier and not resume:
+        if not overwrite:
+            names = ", ".join(path.name for path in earlier)
+            raise ConfigError(f"--output_dir {out} holds checkpoints of an earlier run ({names}); pass --resume to "
+                              "continue it, --overwrite_output_dir to delete them and start over, or pick another "
+                              "--output_dir")
+        shutil.rmtree(root)
+        print_rank_0(f"--overwrite_output_dir: deleted the earlier run's checkpoints in {root}")
+    for folder, name in ((out.resolve().parent, out.resolve().name), (out, None), (root, None)):
+        for path in folder.iterdir() if folder.is_dir() else ():
+            match = TEMPORARY.fullmatch(path.name)
+            if match and (name is None or match.group("name") == name):
+                print_rank_0(f"deleting {path}, left by an interrupted save")
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _make_dirs(out):
+    """Create `out` (and missing parents) and check that a file can be written in it; the folders created,
+    deepest first."""
+    missing = [path for path in [out, *out.parents] if not path.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        import tempfile
+
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        _remove_if_empty(missing)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--output_dir {out} is a file, not a folder") from None
+        raise ConfigError(f"--output_dir {out}: cannot write there ({err.strerror or err})") from None
+    return missing
+
+
+def _remove_if_empty(folders):
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 # ---- random states, as JSON --------------------------------------------------------------------------------------
@@ -194,12 +345,15 @@ class Checkpointer:
     engines   {name: DeepSpeed engine} trained with an optimizer: saved with `engine.save_checkpoint`
     weights   {name: DeepSpeed engine} without an optimizer (step 3's EMA): its weights as safetensors
     position  the run's TrainingPosition
+    flags     the flags that shape training (utils.args.training_flags): recorded with each checkpoint, and a
+              resume with other ones is refused, naming each difference
 
     Every rank must call `save_if_due`, `save` and `resume` (they gather, and wait for each other).
     """
 
-    def __init__(self, output_dir, save_steps, save_total_limit, engines, position, weights=None):
+    def __init__(self, output_dir, save_steps, save_total_limit, engines, position, weights=None, flags=None):
         self.root = Path(output_dir) / CHECKPOINTS
+        self.flags = flags or {}
         self.save_steps, self.save_total_limit = save_steps, save_total_limit
         self.engines, self.position = engines, position
         self.weights = {name: engine for name, engine in (weights or {}).items() if engine is not None}
@@ -238,10 +392,10 @@ class Checkpointer:
             if rank == 0:
                 micro_steps = {name: engine.micro_steps for name, engine in self.engines.items()}
                 _write_json(tmp / "state.json", {"step": step, "world_size": world_size, "micro_steps": micro_steps,
-                                                 "trainer": state})
+                                                 "flags": self.flags, "trainer": state})
             barrier()
             if rank == 0:
-                (tmp / COMPLETE).write_text(f"step {step}\n")
+                _write_json(tmp / COMPLETE, {"step": step, "files": file_manifest(tmp)})
                 _replace_dir(tmp, target)
                 _write_text_atomic(self.root / LATEST, target.name)
                 self.kept = [path for path in self.kept if path != target] + [target]
@@ -256,17 +410,31 @@ class Checkpointer:
     def resume(self):
         """Load the latest complete checkpoint into the engines, weights and position, and return the trainer's
         state saved with it plus its `step`; None (and a fresh start) when there is no checkpoint yet."""
-        path = latest_checkpoint(self.root) if is_rank_0() else None
-        path = _broadcast(None if path is None else str(path))
+        path, problem = None, None
+        if is_rank_0():
+            path, damaged = newest_good_checkpoint(self.root)
+            for skipped, why in damaged:
+                print(f"warning: --resume: skipping {skipped}, damaged: {why}", file=sys.stderr, flush=True)
+            if path is None and damaged:
+                problem = (f"--resume: no checkpoint in {self.root} is usable ("
+                           f"{'; '.join(f'{skipped.name}: {why}' for skipped, why in damaged)}); start over with "
+                           "--overwrite_output_dir")
+            path = None if path is None else str(path)
+        path, problem = _broadcast(path), _broadcast(problem)
+        if problem:
+            raise ChatRLHFError(problem)
         if path is None:
             print_rank_0(f"--resume: no complete checkpoint in {self.root}; starting from the beginning")
             return None
         path = Path(path)
         saved = _read_json(path / "state.json")
         rank, world_size = _rank_and_world_size()
-        if saved["world_size"] != world_size:
-            raise ConfigError(f"--resume: {path} was written by {saved['world_size']} process(es), this run has "
-                              f"{world_size}; resume with the same number")
+        differences = flag_differences({**saved.get("flags", {}), "processes": saved["world_size"]},
+                                       {**self.flags, "processes": world_size})
+        if differences:
+            raise ConfigError(f"--resume: {path} was written with other flags: {'; '.join(differences)}. Resume "
+                              "with the checkpoint's flags (only the README's 'may change on resume' list may "
+                              "differ), or start over with --overwrite_output_dir or another --output_dir")
         for name, engine in self.engines.items():
             load_path, _ = engine.load_checkpoint(str(path), tag=name)
             if load_path is None:
@@ -283,13 +451,28 @@ class Checkpointer:
         return {"step": saved["step"], **saved["trainer"]}
 
     def _prune(self):
-        """Keep this run's newest save_total_limit checkpoints; delete every other folder in `checkpoints/`
-        (older ones, an earlier run's, temporary folders left by a killed run). Rank 0, after `latest` moved."""
+        """Keep this run's newest save_total_limit checkpoints and delete its older ones; nothing else in
+        `checkpoints/` is touched (claim_output_dir has settled an earlier run's). Rank 0, after `latest` moved."""
+        for path in self.kept[:-self.save_total_limit]:
+            shutil.rmtree(path, ignore_errors=True)
         self.kept = self.kept[-self.save_total_limit:]
-        keep = {path.name for path in self.kept}
-        for path in self.root.iterdir():
-            if path.is_dir() and path.name not in keep:
-                shutil.rmtree(path, ignore_errors=True)
+
+
+def flag_differences(saved, current):
+    """`--name <saved> (now <current>)` for each flag both record with different values; a flag only one of them
+    knows (added or removed by another version of the code) is not compared."""
+    differences = []
+    for name in sorted(saved.keys() & current.keys()):
+        if saved[name] != current[name]:
+            label = "processes:" if name == "processes" else f"--{name}"
+            differences.append(f"{label} {_flag_text(saved[name])} (now {_flag_text(current[name])})")
+    return differences
+
+
+def _flag_text(value):
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
 
 
 def check_finite_weights(module, what):

@@ -159,6 +159,16 @@ def merge_user_ds_config(config, deepspeed_config_path):
     if not isinstance(user, dict):
         raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: expected a JSON object, got "
                           f"{type(user).__name__}")
+    for section in ("optimizer", "scheduler"):
+        if section in user:  # deepspeed.initialize ignores them when given an optimizer and a schedule
+            raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: its '{section}' section would have no "
+                              "effect (the optimizer and LR schedule are built from --learning_rate, --weight_decay, "
+                              "--lr_scheduler_type and --num_warmup_steps); remove it")
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if key in user and user[key] != config[key]:
+            raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: {key} {user[key]} disagrees with the "
+                              f"{config[key]} of the flags (--per_device_train_batch_size x "
+                              "--gradient_accumulation_steps x processes); set batch sizes with the flags")
     return _deep_merge(config, user)
 
 

@@ -17,6 +17,21 @@ class ConfigError(ChatRLHFError, ValueError):
 
 
 EXIT_USER_ERROR = 2
+_exit_callbacks = []
+
+
+def on_exit(callback):
+    """Run `callback()` when the running `cli_entry` main ends, however it ends (done, error, interrupt); the
+    last registered runs first. For what a run holds until its end: the output folder's lock."""
+    _exit_callbacks.append(callback)
+
+
+def _run_exit_callbacks():
+    while _exit_callbacks:
+        try:
+            _exit_callbacks.pop()()
+        except Exception as err:  # one failed clean-up must not hide the run's outcome or skip the others
+            print(f"warning: clean-up at exit failed: {err}", file=sys.stderr, flush=True)
 
 
 def cli_entry(main):
@@ -30,6 +45,8 @@ def cli_entry(main):
             message = " ".join(str(err).split())
             print(f"error: {message}", file=sys.stderr, flush=True)
             sys.exit(EXIT_USER_ERROR)
+        finally:
+            _run_exit_callbacks()
 
     return wrapper
 

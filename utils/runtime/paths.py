@@ -43,7 +43,69 @@ def make_temp_dir_beside(target):
 
     target = Path(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~current_umask())
+    return tmp
+
+
+def current_umask():
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    return tmp
+    return umask
+
+
+def honour_umask(path):
+    """Give the file `path` the permissions a plain open() would (0666 less the umask): safetensors writes its
+    files private to the owner (0600), which a server under another user could not read."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+class FolderLock:
+    """An exclusive lock on a folder for one process: a file lock on `.<name>.lock` beside the folder, holding
+    the holder's PID. The kernel drops a file lock however its process ends (even SIGKILL), so a lock is never
+    stale; the file itself is deleted on release, and a file left by a killed process is simply locked anew.
+
+        lock = FolderLock(folder)
+        if not lock.acquire():
+            print("in use by PID", lock.holder())
+    """
+
+    def __init__(self, folder):
+        folder = Path(folder).resolve()
+        self.path = folder.parent / f".{folder.name}.lock"
+        self.fd = None
+
+    def acquire(self):
+        """Take the lock without waiting; False if another process holds it."""
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            # The holder may have deleted the file between our open and our lock: then lock the new file.
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return True
+
+    def holder(self):
+        """The PID written by the process holding the lock ("unknown" if it has not written it yet)."""
+        try:
+            return self.path.read_text().strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def release(self):
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = None

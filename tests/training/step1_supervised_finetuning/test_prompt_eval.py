@@ -107,6 +107,15 @@ def test_read_prompts_file_json_lines_and_plain_text(tmp_path):
         read_prompts_file(tmp_path / "missing.jsonl")
 
 
+def test_read_prompts_file_with_a_byte_order_mark_or_line_separators_in_a_prompt(tmp_path):
+    jsonl = tmp_path / "bom.jsonl"
+    jsonl.write_text('{"prompt": " Human: a\u2028b Assistant:"}\n', encoding="utf-8-sig")  # a BOM, then JSON
+    assert read_prompts_file(jsonl) == [" Human: a\u2028b Assistant:"]
+    text = tmp_path / "bom.txt"
+    text.write_text("first\u0085still first\nsecond\n", encoding="utf-8-sig")
+    assert read_prompts_file(text) == ["first\u0085still first", "second"]
+
+
 def test_prompt_eval_cli_prints_the_table_and_writes_json(tmp_path):
     output = tmp_path / "eval.json"
     result = run_prompt_eval("--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny",

@@ -295,6 +295,16 @@ def test_missing_file_direct(tmp_path):
         rd.read_local_split(tmp_path / "nope.json")
 
 
+def test_unicode_line_separators_inside_strings_are_text_not_line_ends(tmp_path):
+    """JSON strings may hold U+2028, U+2029 and U+0085 unescaped; only "\\n" ends a JSON line."""
+    rows = [{"prompt": f" Human: one{separator}two Assistant:", "chosen": f" a{separator}b", "rejected": " c"}
+            for separator in ("\u2028", "\u2029", "\u0085")]
+    f = tmp_path / "train.jsonl"
+    f.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    assert "\u2028" in f.read_text(encoding="utf-8")  # written raw, not escaped
+    assert rd.read_local_split(f).to_list() == rows
+
+
 def test_malformed_json_line_names_file_and_line(tmp_path):
     f = tmp_path / "train.jsonl"
     f.write_text(json.dumps(local_rows(1)[0]) + "\n\n" + '{"prompt": "x", "chosen": \n')

@@ -176,3 +176,22 @@ def test_atomic_dir_replaces_model_files_and_keeps_run_files(tmp_path):
     assert (target / "runs" / "events.out").read_text() == "tb"
     assert (target / "training.log").read_text() == "before\nafter\n"  # the open handle writes to the kept file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_saved_files_have_the_permissions_the_umask_gives(distributed, small_config, tiny_tokenizer, tmp_path):
+    """safetensors alone writes 0600: a server under another user could not read the weights."""
+    import os
+    import stat
+
+    from utils.model.save import save_safetensors
+
+    model = AutoModelForCausalLM.from_config(small_config("llama", vocab_size=len(tiny_tokenizer)))
+    umask = os.umask(0o027)
+    try:
+        save_hf_model(model, tiny_tokenizer, tmp_path / "out", 0)
+        save_safetensors({"weight": torch.zeros(2)}, tmp_path / "head.safetensors")
+    finally:
+        os.umask(umask)
+    files = [path for path in (tmp_path / "out").iterdir() if path.is_file()] + [tmp_path / "head.safetensors"]
+    modes = {path.name: oct(stat.S_IMODE(path.stat().st_mode)) for path in files}
+    assert "model.safetensors" in modes and set(modes.values()) == {"0o640"}, modes

@@ -3,18 +3,22 @@ checkpoint is due, a save/resume round trip of a real DeepSpeed engine that then
 newest --save_total_limit kept, a failed save or non-finite weights leaving the last checkpoint as it was, and
 a TrainingPosition that resumes the same batches and the same random draws across an epoch boundary."""
 import json
+import subprocess
+import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import torch
+from processes import subprocess_env
 from transformers import AutoModelForCausalLM
 
 from utils.data.data_utils import DataCollatorSFT, ListDataset, make_dataloader
-from utils.runtime.checkpoint import (COMPLETE, LATEST, Checkpointer, TrainingPosition, latest_checkpoint, rng_state,
-                                      set_rng_state)
+from utils.runtime.checkpoint import (COMPLETE, Checkpointer, LATEST, TrainingPosition, claim_output_dir, file_manifest,
+                                      is_complete, latest_checkpoint, rng_state, set_rng_state)
 from utils.runtime.ds_utils import get_train_ds_config
 from utils.runtime.engine import init_train_engine
-from utils.runtime.errors import ChatRLHFError, ConfigError
+from utils.runtime.errors import ChatRLHFError, ConfigError, _run_exit_callbacks
 
 
 def make_checkpoint(root, name, complete=True):
@@ -132,22 +136,139 @@ def test_resume_without_a_checkpoint_starts_over_and_refuses_another_world_size(
     checkpointer.save(1, {})
     state_file = tmp_path / "checkpoints" / "step1" / "state.json"
     state = json.loads(state_file.read_text())
-    state_file.write_text(json.dumps(dict(state, world_size=2)))
-    with pytest.raises(ConfigError, match="written by 2 process"):
+    state_file.write_text(json.dumps(dict(state, world_size=2)))  # as a two-process run would have written it
+    complete = state_file.parent / COMPLETE
+    complete.unlink()
+    complete.write_text(json.dumps({"step": 1, "files": file_manifest(state_file.parent)}))
+    with pytest.raises(ConfigError, match=r"written with other flags: processes: 2 \(now 1\)"):
         checkpointer.resume()
 
 
-def test_only_the_newest_checkpoints_are_kept_and_leftovers_are_cleared(make_engine, tmp_path):
+def test_resume_with_flags_that_shape_training_changed_names_each_difference(make_engine, tmp_path):
+    from utils.runtime.args import training_flags
+
+    flags = Namespace(model_name_or_path="tiny", per_device_train_batch_size=4, learning_rate=1e-3, seed=1,
+                      data_path=["builtin"], lora_dim=0, save_steps=5, print_interval=10, resume=False)
+    engine, position = make_engine(), TrainingPosition(make_loader())
+    Checkpointer(tmp_path, 1, 2, {"model": engine}, position, flags=training_flags(flags, step=1)).save(1, {})
+
+    def resume(step=1, **changes):
+        changed = training_flags(Namespace(**{**vars(flags), **changes}), step=step)
+        return Checkpointer(tmp_path, 1, 2, {"model": make_engine()}, TrainingPosition(make_loader()),
+                            flags=changed).resume()
+
+    assert resume(save_steps=50, print_interval=1, resume=True)["step"] == 1  # these may change
+    with pytest.raises(ConfigError) as error:
+        resume(per_device_train_batch_size=8, learning_rate=2e-3, data_path=["builtin", "x.jsonl"], lora_dim=4)
+    message = str(error.value)
+    for difference in ("--per_device_train_batch_size 4 (now 8)", "--learning_rate 0.001 (now 0.002)",
+                       "--data_path builtin (now builtin x.jsonl)", "--lora_dim 0 (now 4)"):
+        assert difference in message
+    assert "--save_steps" not in message and "\n" not in message
+    with pytest.raises(ConfigError, match=r"--step 1 \(now 2\)"):
+        resume(step=2)
+
+
+def test_only_the_newest_checkpoints_of_this_run_are_kept_and_no_other_is_touched(make_engine, tmp_path):
     engine, position = make_engine(), TrainingPosition(make_loader())
     root = tmp_path / "checkpoints"
-    make_checkpoint(root, "step50")                # an earlier run's, ahead of this one
-    make_checkpoint(root, ".step60.abcd.tmp")      # left by a killed run
+    make_checkpoint(root, "step50")                # another run's (one writing here now, say): never pruned
     checkpointer = Checkpointer(tmp_path, 1, 2, {"model": engine}, position)
     for step in (1, 2, 3):
         checkpointer.save(step, {})
         assert (root / LATEST).read_text().strip() == f"step{step}"
-    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step2", "step3"]
+    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step2", "step3", "step50"]
     assert latest_checkpoint(root) == root / "step3"
+
+
+# --------------------------------------------------------------------------- the output folder
+
+
+def claim(output_dir, resume=False, overwrite=False, **kwargs):
+    args = Namespace(output_dir=str(output_dir), resume=resume, overwrite_output_dir=overwrite)
+    try:
+        claim_output_dir(args, **kwargs)
+    finally:
+        _run_exit_callbacks()  # what cli_entry does when the main ends: release the lock
+
+
+def test_claiming_the_output_dir_cleans_what_interrupted_saves_left_and_nothing_else(distributed, tmp_path):
+    out = tmp_path / "out"
+    root = out / "checkpoints"
+    step5 = make_checkpoint(root, "step5")
+    leftovers = [make_checkpoint(root, ".step60.k2x9ab_1.tmp"), root / ".latest.4242.tmp",   # a checkpoint's
+                 tmp_path / ".out.q1w2e3r4.tmp", tmp_path / ".out.old",                     # steps 1-2 model save
+                 make_checkpoint(out, ".actor.zzzzzzzz.tmp")]                                # step 3's
+    leftovers[1].write_text("step60\n")
+    for folder in leftovers[2:4]:
+        folder.mkdir()
+    others = [tmp_path / ".other.q1w2e3r4.tmp", tmp_path / ".out2.q1w2e3r4.tmp", out / "training.log"]
+    others[0].mkdir(), others[1].mkdir(), others[2].write_text("log\n")
+    claim(out, resume=True)
+    assert not any(path.exists() for path in leftovers)
+    assert all(path.exists() for path in others) and is_complete(step5)
+    assert not (tmp_path / ".out.lock").exists()  # released at exit
+
+
+def test_overwrite_output_dir_deletes_the_earlier_checkpoints_and_a_new_folder_left_empty_is_removed(
+        distributed, tmp_path):
+    out = tmp_path / "out"
+    make_checkpoint(out / "checkpoints", "step5")
+    with pytest.raises(ConfigError, match=r"holds checkpoints of an earlier run \(step5\)"):
+        claim(out)
+    claim(out, overwrite=True)
+    assert not (out / "checkpoints").exists() and out.is_dir()
+    new = tmp_path / "a" / "b"
+    claim(new)
+    assert not (tmp_path / "a").exists()  # created for the run, left empty: removed at exit
+
+
+def test_a_second_claim_of_a_locked_output_dir_names_the_holder(distributed, tmp_path):
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env())
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=f"in use by another run \\(PID {holder.pid},"):
+            claim(out)
+    finally:
+        holder.kill()
+        holder.wait()
+    claim(out)  # the kernel dropped the dead holder's lock: free again, although its file is still there
+
+
+HOLD_LOCK = """
+import sys, time
+from utils.runtime.paths import FolderLock
+lock = FolderLock(sys.argv[1])
+assert lock.acquire()
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_damaged_checkpoint_is_skipped_for_the_newest_good_one_and_none_good_is_one_error(
+        make_engine, tmp_path, capsys):
+    engine, position = make_engine(), TrainingPosition(make_loader())
+    checkpointer = Checkpointer(tmp_path, 1, 3, {"model": engine}, position)
+    batches = position.batches(0)
+    for step in (1, 2):
+        train_step(engine, next(batches)[1])
+        checkpointer.save(step, {"at": step})
+    root = tmp_path / "checkpoints"
+    weights = max((root / "step2" / "model").rglob("*model_states.pt"), key=lambda path: path.stat().st_size)
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated (a full disk, a copy cut short)
+    state = Checkpointer(tmp_path, 1, 3, {"model": make_engine(seed=1)}, TrainingPosition(make_loader())).resume()
+    assert state == {"step": 1, "at": 1}
+    warning = capsys.readouterr().err
+    assert "warning: --resume: skipping" in warning and f"{weights.relative_to(root / 'step2')} has 100 bytes" in warning
+
+    position_file = root / "step1" / "position_rank0.json"
+    position_file.write_text(position_file.read_text().replace("0", "1"))  # same size, other bytes
+    with pytest.raises(ChatRLHFError) as error:
+        Checkpointer(tmp_path, 1, 3, {"model": make_engine()}, TrainingPosition(make_loader())).resume()
+    assert str(error.value).startswith(f"--resume: no checkpoint in {root} is usable (step2: ")
+    assert "step1: position_rank0.json does not match the checksum written with it" in str(error.value)
 
 
 class FailingEngine:
