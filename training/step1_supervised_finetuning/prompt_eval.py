@@ -9,6 +9,8 @@ decoding. Any prompts file whose prompts are all built-in task prompts is scored
 """
 import json
 
+import utils.threads  # noqa: F401 (first: OpenMP reads its thread count and wait policy when torch loads)
+# isort: split
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
 from utils.args import ArgumentParser, check_output_file
@@ -39,7 +41,8 @@ def parse_args(argv=None):
                         help="Write the scores and all answers here (see inference.evaluation.evaluate_models).")
     parser.add_argument("--reward_model", type=str, default=None,
                         help="A reward-model folder (step 2 output): also report each model's mean reward.")
-    parser.add_argument("--dtype", type=str, default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--dtype", type=str, default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="auto: bf16 on a CPU with native bf16 (AMX / AVX-512 BF16), fp32 otherwise.")
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="Allow the model folders' own Python code to run (off by default).")
     args = parser.parse_args(argv)
@@ -63,8 +66,11 @@ def main(argv=None):
                               "language model; pass a step-1 or step-3 actor folder or a base model")
     prompts = read_prompts_file(args.prompts_file) if args.prompts_file else builtin_prompts()
     prompts = prompts[:args.num_prompts]
+    from utils.ds_utils import choose_dtype
     from utils.utils import quiet_transformers
 
+    args.dtype, why = choose_dtype(args.dtype)
+    print(f"dtype: {args.dtype} ({why})", flush=True)
     quiet_transformers()
     reward_fn = None
     if args.reward_model:

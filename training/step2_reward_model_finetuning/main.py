@@ -9,6 +9,8 @@ continues from the latest one exactly as the uninterrupted run would have gone o
 """
 import time
 
+import utils.threads  # noqa: F401 (first: OpenMP reads its thread count and wait policy when torch loads)
+# isort: split
 import torch
 
 from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args, add_logging_args,

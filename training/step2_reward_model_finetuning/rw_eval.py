@@ -20,6 +20,8 @@ import json
 import random
 
 import numpy as np
+import utils.threads  # noqa: F401 (first: OpenMP reads its thread count and wait policy when torch loads)
+# isort: split
 import torch
 
 from utils import task

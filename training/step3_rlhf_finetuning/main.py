@@ -15,6 +15,8 @@ import math
 import random
 import time
 
+import utils.threads  # noqa: F401 (first: OpenMP reads its thread count and wait policy when torch loads)
+# isort: split
 import torch
 
 from training.step3_rlhf_finetuning import ppo_math
