@@ -15,10 +15,11 @@ from utils.runtime.dist import assert_finite
 from utils.runtime.ds_utils import get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
 from utils.runtime.monitor import training_flops
 
-# The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model in bf16 (the MFU target) on
-# full 256-token blocks of the built-in plain-text corpus.
-CASES = {"tiny": {"dtype": "fp32", "batch_size": 64, "seq_len": 64, "steps_per_run": 5},
-         "llama-100m": {"dtype": "bf16", "batch_size": 4, "seq_len": 256, "steps_per_run": 1}}
+# The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model (the MFU target) on full
+# 256-token blocks of the built-in plain-text corpus. Both in the dtype `--dtype auto` picks on this machine (bf16
+# only where the hardware runs it natively: utils.ds_utils.choose_dtype).
+CASES = {"tiny": {"dtype": "auto", "batch_size": 64, "seq_len": 64, "steps_per_run": 5},
+         "llama-100m": {"dtype": "auto", "batch_size": 4, "seq_len": 256, "steps_per_run": 1}}
 GRADIENT_CLIPPING = 1.0  # utils.ds_utils.get_train_ds_config's default
 ADAM_BETAS = (0.9, 0.95)  # utils.ds_utils.create_optimizer's default
 
@@ -142,7 +143,7 @@ def with_peak_probe(run, dtype, peaks):
     return probed_run
 
 
-def measure_step1(model_name, repeats, warmup, num_batches=8, quick=False):
+def measure_step1(model_name, repeats, warmup, num_batches=8):
     """Tokens/s and FLOP/s of ours and of the bare loop (pairs), their ratio, and the MFU of each run: its FLOP/s
     over the FLOP/s of a large matmul in the same dtype measured just before it."""
     from bench.measure import paired_rates
@@ -156,7 +157,7 @@ def measure_step1(model_name, repeats, warmup, num_batches=8, quick=False):
     torch.manual_seed(args.seed)
     engine = build_engine(args, tokenizer)
     bare = BareTrainer(args, tokenizer)
-    steps = 1 if quick else case["steps_per_run"]
+    steps = case["steps_per_run"]
     peaks = {"ours": [], "baseline": []}
     ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
     baseline = batch_runner(bare.train_step, batches, bare.model.config, steps)

@@ -10,7 +10,7 @@ from bench.models import model_path, reward_model_path
 from training.recipes import recipe_flags
 
 
-def step3_args(actor_path, critic_path, dtype="fp32"):
+def step3_args(actor_path, critic_path, dtype="auto"):
     """Step 3's parsed flags as `train.py` passes them for the tiny model (training/recipes.py)."""
     from training.step3_rlhf_finetuning.arguments import parse_args
     from utils.runtime.ds_utils import resolve_dtype
@@ -21,7 +21,7 @@ def step3_args(actor_path, critic_path, dtype="fp32"):
     return args
 
 
-def build_trainer(model_name="tiny", dtype="fp32"):
+def build_trainer(model_name="tiny", dtype="auto"):
     """(trainer, args, tokenizer): the RLHF engine and PPO trainer as step 3's main builds them, the actor from
     the bench model and the critic and reward model from a reward-model folder on its backbone."""
     from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer

@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clo
 import math
 import time
 
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import torch
 
 from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader

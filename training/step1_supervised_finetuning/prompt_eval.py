@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import json
 
 from inference.evaluation import (evaluate_models, format_score_table, format_side_by_side, heldout_set,
@@ -49,7 +51,8 @@ def parse_args(argv=None):
                         help="Write the scores and all answers here (see inference.evaluation.evaluate_models).")
     parser.add_argument("--reward_model", type=str, default=None,
                         help="A reward-model folder (step 2 output): also report each model's mean reward.")
-    parser.add_argument("--dtype", type=str, default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--dtype", type=str, default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="auto: bf16 on a CPU with native bf16 (AMX / AVX-512 BF16), fp32 otherwise.")
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="Allow the model folders' own Python code to run (off by default).")
     args = parser.parse_args(argv)
@@ -78,8 +81,11 @@ def main(argv=None):
     else:
         prompts, checker = heldout_set(args.data_path, args.seed)
     prompts = prompts[:args.num_prompts]
+    from utils.runtime.ds_utils import choose_dtype
     from utils.runtime.dist import quiet_transformers
 
+    args.dtype, why = choose_dtype(args.dtype)
+    print(f"dtype: {args.dtype} ({why})", flush=True)
     quiet_transformers()
     reward_fn = None
     if args.reward_model:

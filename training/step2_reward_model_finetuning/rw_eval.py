@@ -24,6 +24,8 @@ import json
 import random
 
 import numpy as np
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import torch
 
 from utils.builtin import task

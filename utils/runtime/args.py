@@ -59,7 +59,8 @@ def add_deepspeed_args(parser):
     group.add_argument("--offload", action="store_true",
                        help="Offload optimizer state (and at ZeRO-3 parameters) to the CPU (DeepSpeedCPUAdam).")
     group.add_argument("--dtype", type=str, default="auto", choices=DTYPES,
-                       help="Training precision; auto is fp16 on CUDA and fp32 elsewhere.")
+                       help="Training precision; auto is bf16 where the hardware runs it natively (a GPU with bf16, "
+                            "a CPU with AMX or AVX-512 BF16), else fp16 on CUDA and fp32 on a CPU.")
     group.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
     import deepspeed
 

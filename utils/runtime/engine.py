@@ -80,12 +80,15 @@ def count_training_steps(batches_per_epoch, gradient_accumulation_steps, num_tra
 
 def start_run(args):
     """What every step does first: join the distributed world, settle the dtype, seed everything, quiet
-    transformers. Returns (rank, world_size, device)."""
-    from utils.runtime.dist import init_distributed, quiet_transformers, set_random_seed
-    from utils.runtime.ds_utils import resolve_dtype
+    transformers; print the dtype and the thread settings chosen, and why. Returns (rank, world_size, device)."""
+    from utils.runtime import threads
+    from utils.runtime.ds_utils import training_dtype
+    from utils.runtime.dist import init_distributed, print_rank_0, quiet_transformers, set_random_seed
 
     rank, world_size, _, device = init_distributed()
-    args.dtype = resolve_dtype(args.dtype)
+    args.dtype, why = training_dtype(args.dtype)
+    print_rank_0(f"dtype: {args.dtype} ({why})")
+    print_rank_0(threads.describe())
     set_random_seed(args.seed)
     quiet_transformers()
     return rank, world_size, device

@@ -8,8 +8,9 @@ from deepspeed.accelerator import get_accelerator
 from transformers import AutoModelForCausalLM
 
 from utils.model.lora import convert_linear_layer_to_lora
-from utils.runtime.ds_utils import (create_optimizer, get_eval_ds_config, get_optimizer_grouped_parameters,
-                                    get_train_ds_config, merge_user_ds_config, resolve_dtype)
+from utils.runtime.ds_utils import (choose_dtype, create_optimizer, get_eval_ds_config,
+                                    get_optimizer_grouped_parameters, get_train_ds_config, merge_user_ds_config,
+                                    native_bf16_flags, read_cpuinfo, resolve_dtype, training_dtype)
 from utils.runtime.errors import ConfigError
 
 
@@ -81,11 +82,49 @@ def test_groups_without_lora_and_lora_lr(small_config):
 # --------------------------------------------------------------------------- dtype
 
 
+# /proc/cpuinfo of an AVX2-only AMD EPYC (trimmed) and of a Sapphire Rapids Xeon with AMX.
+AVX2_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu vme sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni
+bugs\t\t: sysret_ss_attrs
+"""
+AMX_CPUINFO = AVX2_CPUINFO.replace("AuthenticAMD", "GenuineIntel").replace(
+    "sha_ni", "avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8")
+
+
+def test_auto_dtype_is_bf16_only_on_a_cpu_with_native_bf16():
+    assert native_bf16_flags(AVX2_CPUINFO) == []
+    assert native_bf16_flags(AMX_CPUINFO) == ["amx_bf16", "avx512_bf16"]
+    assert native_bf16_flags(AVX2_CPUINFO.replace("sha_ni", "avx512_bf16")) == ["avx512_bf16"]  # e.g. AMD Zen 4
+    assert native_bf16_flags("") == []  # no /proc/cpuinfo: not Linux
+    dtype, why = choose_dtype("auto", "cpu", cpuinfo=AVX2_CPUINFO)
+    assert (dtype, why) == ("fp32", "auto: this CPU has no native bf16: no amx_bf16/avx512_bf16 flag")
+    dtype, why = choose_dtype("auto", "cpu", cpuinfo=AMX_CPUINFO)
+    assert dtype == "bf16" and "amx_bf16, avx512_bf16" in why
+    assert choose_dtype("auto", "cpu", cpuinfo="")[0] == "fp32"
+
+
+def test_an_explicit_dtype_is_kept_and_slow_bf16_is_named():
+    assert choose_dtype("fp32", "cpu", cpuinfo=AMX_CPUINFO) == ("fp32", "as asked")
+    assert choose_dtype("bf16", "cpu", cpuinfo=AMX_CPUINFO) == ("bf16", "as asked")
+    dtype, why = choose_dtype("bf16", "cpu", cpuinfo=AVX2_CPUINFO)
+    assert dtype == "bf16" and "no native bf16" in why and "slower than fp32" in why
+
+
+def test_auto_dtype_on_a_gpu():
+    assert choose_dtype("auto", "cuda", device_bf16=True)[0] == "bf16"
+    assert choose_dtype("auto", "cuda", device_bf16=False)[0] == "fp16"
+    assert choose_dtype("fp16", "cuda", device_bf16=True) == ("fp16", "as asked")
+
+
 def test_resolve_dtype_on_this_accelerator():
     accelerator = get_accelerator()
     if accelerator.device_name() != "cpu":
         pytest.skip("checks the CPU rules")
-    assert resolve_dtype("auto") == "fp32"
+    native = bool(native_bf16_flags(read_cpuinfo()))
+    assert resolve_dtype("auto") == ("bf16" if native else "fp32")
+    assert training_dtype("auto")[1].startswith("auto: this CPU has ")
     assert resolve_dtype("fp32") == "fp32"
     assert resolve_dtype("bf16") == "bf16"
     # fp16 training needs loss scaling, a GPU path: refused on a CPU even where oneDNN has fp16 kernels.
