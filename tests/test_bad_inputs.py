@@ -138,6 +138,24 @@ CASES = [
     Case("step2 reasoning-gym task without reference answers", "step2",
          [*STEP2, "--data_path", "reasoning_gym:graph_color?size=20"],
          ("reasoning_gym:graph_color?size=20: no task here has reference answers",)),
+    # step 2, DPO
+    Case("dpo reward model as the model", "dpo", [*STEP2, "--model_name_or_path", "{critic}"],
+         ("{critic} is a reward model (step 2 output)",)),
+    Case("dpo reference path that does not exist", "dpo", [*STEP2, "--ref_model_name_or_path", "{tmp}/noref"],
+         ("--ref_model_name_or_path: model path {tmp}/noref does not exist",)),
+    Case("dpo reference with another vocabulary", "dpo", [*STEP2, "--ref_model_name_or_path", "{tmp}/othervocab"],
+         ("--ref_model_name_or_path {tmp}/othervocab has a vocabulary of 999 tokens",)),
+    Case("dpo unknown --loss_type", "dpo", [*STEP2, "--loss_type", "kto"],
+         ("argument --loss_type: invalid choice: 'kto'",)),
+    Case("dpo --beta of zero", "dpo", [*STEP2, "--beta", "0"], ("--beta must be positive, not 0.0",)),
+    Case("dpo --label_smoothing of one half", "dpo", [*STEP2, "--label_smoothing", "0.5"],
+         ("--label_smoothing must be in [0, 0.5), not 0.5",)),
+    Case("dpo label smoothing with IPO", "dpo", [*STEP2, "--loss_type", "ipo", "--label_smoothing", "0.1"],
+         ("--label_smoothing applies to --loss_type sigmoid and simpo, not ipo",)),
+    Case("dpo SimPO with a reference flag", "dpo", [*STEP2, "--loss_type", "simpo", "--precompute_ref_logps"],
+         ("--loss_type simpo uses no reference model: drop --precompute_ref_logps",)),
+    Case("dpo every pair has identical answers", "dpo", [*STEP2, "--data_path", "{tmp}/identical"],
+         ("no train data left for phase 2",)),
     # step 3: the step-1 / step-2 folders
     Case("step3 missing step-1 output", "step3",
          [*STEP3, "--actor_model_name_or_path", "{tmp}/output/actor-models/tiny", "--critic_model_name_or_path",
@@ -305,6 +323,8 @@ def write_bad_data(tmp):
     (tmp / "latin1.txt").write_bytes(" Human: caf\xe9? Assistant:\n".encode("latin-1"))
     (tmp / "ds_batch.json").write_text(json.dumps({"train_batch_size": 32}))
     (tmp / "notamodel").mkdir()
+    (tmp / "othervocab").mkdir()
+    (tmp / "othervocab" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 999}))
 
 
 def hold_lock(tmp, out, actor):
@@ -365,11 +385,12 @@ def in_process_mains():
     from inference import chatbot
     from training.step1_supervised_finetuning import main as step1
     from training.step1_supervised_finetuning import prompt_eval
+    from training.step2_dpo_finetuning import main as dpo
     from training.step2_reward_model_finetuning import main as step2
     from training.step2_reward_model_finetuning import rw_eval
     from training.step3_rlhf_finetuning import main as step3
 
-    return {"step1": step1.main, "step2": step2.main, "step3": step3.main, "chat": chatbot.main,
+    return {"step1": step1.main, "step2": step2.main, "dpo": dpo.main, "step3": step3.main, "chat": chatbot.main,
             "prompt_eval": prompt_eval.main, "rw_eval": rw_eval.main}
 
 

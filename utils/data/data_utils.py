@@ -107,9 +107,9 @@ def sft_sample(tokenizer, prompt, chosen, max_seq_len, counter):
 
 
 def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
-    """Prompt + chosen + EOS and prompt + rejected + EOS. A pair that does not fit whole in max_seq_len is
-    skipped (truncation could cut away the very difference being ranked), and so is a pair whose two answers
-    are identical (it carries no preference)."""
+    """Prompt + chosen + EOS and prompt + rejected + EOS, and the prompt's length (the answers start there). A
+    pair that does not fit whole in max_seq_len is skipped (truncation could cut away the very difference being
+    ranked), and so is a pair whose two answers are identical (it carries no preference)."""
     if chosen == rejected:
         counter.skip("identical chosen and rejected")
         return None
@@ -120,7 +120,7 @@ def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
         counter.skip("longer than --max_seq_len")
         return None
     counter.kept += 1
-    return {"chosen_ids": chosen_ids, "rejected_ids": rejected_ids}
+    return {"chosen_ids": chosen_ids, "rejected_ids": rejected_ids, "prompt_len": len(prompt_ids)}
 
 
 def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
@@ -233,6 +233,30 @@ class DataCollatorReward:
         sequences = [s["chosen_ids"] for s in samples] + [s["rejected_ids"] for s in samples]
         return {"input_ids": pad_right(sequences, self.pad_token_id),
                 "attention_mask": attention_mask_right(sequences)}
+
+
+def answer_label_mask(prompt_len, length, width):
+    """1.0 at the next-token label positions t (predicting token t + 1) of the answer, EOS included:
+    prompt_len - 1 <= t < length - 1, in a row of `width` tokens (so width - 1 label positions)."""
+    return [0.0] * (prompt_len - 1) + [1.0] * (length - prompt_len) + [0.0] * (width - length)
+
+
+@dataclass
+class DataCollatorPreference(DataCollatorReward):
+    """DataCollatorReward's batch (chosen rows, then rejected rows) and, for sequence log-probs of the answers,
+    `answer_mask` (2B, T - 1) over next-token labels (`answer_label_mask`). Samples that carry precomputed
+    reference log-probs (`ref_chosen_logps`, `ref_rejected_logps`) give `ref_logps` (2B,) in the same order."""
+
+    def __call__(self, samples):
+        batch = super().__call__(samples)
+        width = batch["input_ids"].shape[1]
+        rows = [(s["prompt_len"], len(s["chosen_ids"])) for s in samples]
+        rows += [(s["prompt_len"], len(s["rejected_ids"])) for s in samples]
+        batch["answer_mask"] = torch.tensor([answer_label_mask(p, n, width) for p, n in rows], dtype=torch.float32)
+        if "ref_chosen_logps" in samples[0]:
+            batch["ref_logps"] = torch.tensor([s["ref_chosen_logps"] for s in samples]
+                                              + [s["ref_rejected_logps"] for s in samples], dtype=torch.float32)
+        return batch
 
 
 @dataclass

@@ -74,6 +74,23 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return torch.stack(rows)
 
 
+def sequence_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, answer_mask: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each row's answer under a causal LM: the sum of its answer tokens' log-probs.
+
+        log pi(y|x)[b] = sum_t answer_mask[b, t] * log p(input_ids[b, t + 1] | input_ids[b, :t + 1])
+
+    logits (B, T, V) of the model on input_ids (B, T); answer_mask (B, T - 1) is 1.0 where the next-token label
+    input_ids[b, t + 1] belongs to the answer (EOS included) and 0.0 on prompt and padding labels (whatever the
+    sequence's layout, prompts of different lengths in one batch included). -> (B,) float32 (float64 for float64
+    logits). A row with an all-zero mask gives 0.
+    """
+    if answer_mask.shape != (input_ids.shape[0], input_ids.shape[1] - 1):
+        raise ValueError(f"answer_mask {tuple(answer_mask.shape)} must be (B, T - 1) for input_ids "
+                         f"{tuple(input_ids.shape)}")
+    logprobs = logprobs_from_logits(logits[:, :-1], input_ids[:, 1:])
+    return masked_sum(logprobs, answer_mask, dim=-1)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Masked statistics
 # ----------------------------------------------------------------------------------------------------------

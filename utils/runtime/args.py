@@ -87,6 +87,15 @@ def add_logging_args(parser):
     return group
 
 
+def add_eval_interval_args(group):
+    """Step 2's and DPO's mid-run evaluations, on their logging group."""
+    group.add_argument("--eval_interval", type=int, default=0,
+                       help="Optimizer steps between evaluations (0: only before and after training).")
+    group.add_argument("--eval_iters", type=int, default=0,
+                       help="Eval batches per evaluation (0: the whole eval split).")
+    return group
+
+
 def add_checkpoint_args(parser):
     group = parser.add_argument_group("checkpoints")
     group.add_argument("--save_steps", type=_at_least(0), default=0,

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from utils.data.data_utils import (IGNORE_INDEX, DataCollatorReward, DataCollatorRLHF, DataCollatorSFT, SampleCounter,
-                                   create_prompt_dataset, pair_sample, parse_data_split, prompt_sample, sft_sample,
-                                   split_bounds, split_part_indices)
+from utils.data.data_utils import (IGNORE_INDEX, DataCollatorPreference, DataCollatorReward, DataCollatorRLHF,
+                                   DataCollatorSFT, SampleCounter, create_prompt_dataset, pair_sample, parse_data_split,
+                                   prompt_sample, sft_sample, split_bounds, split_part_indices)
 from utils.runtime.errors import ConfigError, DataError
 
 
@@ -290,3 +290,25 @@ def test_prompt_samples_and_left_padding_collator(tiny_tokenizer):
     assert batch["prompt_att_mask"][0].tolist() == [0] * pad + [1] * len(short_ids)
     assert batch["prompt"][1].tolist() == tok(long_prompt)["input_ids"]
     assert batch["prompt_att_mask"][1].all()
+
+
+def test_preference_collator_masks_answer_labels_eos_included(tiny_tokenizer):
+    """answer_mask[b, t] = 1 exactly where the label input_ids[b, t + 1] is an answer token or its EOS, for
+    prompts of different lengths in one batch; precomputed reference log-probs come in the same row order."""
+    tok = tiny_tokenizer
+    triples = [(" Human: What is 1 + 1? Assistant:", " 2", " 3 or maybe 4"),
+               (" Human: Reverse the word \"abcd\". Assistant:", " dcba", " abcd")]
+    counter = SampleCounter("pairs")
+    pairs = [dict(pair_sample(tok, *triple, 64, counter), ref_chosen_logps=-1.0 - i, ref_rejected_logps=-3.0 - i)
+             for i, triple in enumerate(triples)]
+    batch = DataCollatorPreference(tok.pad_token_id)(pairs)
+    assert batch["answer_mask"].shape == (4, batch["input_ids"].shape[1] - 1)
+    answers = [chosen for _, chosen, _ in triples] + [rejected for _, _, rejected in triples]
+    for row, answer in enumerate(answers):
+        labels = batch["input_ids"][row, 1:][batch["answer_mask"][row] == 1].tolist()
+        assert labels == ids(tok, answer) + [tok.eos_token_id]
+    for pair, (prompt, _, _) in zip(pairs, triples):
+        assert pair["prompt_len"] == len(tok(prompt)["input_ids"])
+    assert batch["ref_logps"].tolist() == [-1.0, -2.0, -3.0, -4.0]
+    assert "ref_logps" not in DataCollatorPreference(tok.pad_token_id)(
+        [pair_sample(tok, *triples[0], 64, counter)])
