@@ -36,6 +36,21 @@ STEP1 = ["--output_dir", "{out}", "--max_steps", "1", "--data_output_path", "{tm
 STEP2 = STEP1
 STEP3 = ["--output_dir", "{out}", "--data_output_path", "{tmp}/cache", "--max_steps", "1"]
 MODELS = ["--actor_model_name_or_path", "{actor}", "--critic_model_name_or_path", "{critic}"]
+GRPO = ["--actor_model_name_or_path", "{actor}", "--advantage_estimator", "grpo", "--num_samples_per_prompt", "2",
+        "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "8", "--max_answer_seq_len",
+        "4"]
+REWARD_FNS = """
+def raises(prompts, answers):
+    return [1 / 0 for _ in answers]
+
+
+def short(prompts, answers):
+    return [0.0] * (len(answers) - 1)
+
+
+def not_finite(prompts, answers):
+    return [float("nan")] * len(answers)
+"""
 EVAL_OUT = ["--output_json", "{out}/result.json"]
 
 CASES = [
@@ -104,6 +119,31 @@ CASES = [
     Case("step3 --only_optimize_lora without LoRA", "step3", [*STEP3, *MODELS, "--only_optimize_lora"],
          ("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim",)),
     Case("step3 fp16 on a CPU", "step3", [*STEP3, *MODELS, "--dtype", "fp16"], ("--dtype fp16 is not supported",)),
+    # step 3: critic-free estimators and reward functions
+    Case("step3 gae without a critic", "step3", [*STEP3, "--actor_model_name_or_path", "{actor}", "--reward_fn",
+                                                  "builtin"],
+         ("--advantage_estimator gae needs --critic_model_name_or_path",)),
+    Case("step3 critic-free without a reward", "step3", [*STEP3, *GRPO],
+         ("--advantage_estimator grpo needs a reward: --reward_fn (e.g. builtin) or --critic_model_name_or_path",)),
+    Case("step3 grpo with one answer per prompt", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--num_samples_per_prompt", "1"],
+         ("--advantage_estimator grpo compares the answers to one prompt", "--num_samples_per_prompt of at least 2")),
+    Case("step3 rollouts not a multiple of the training batch", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--per_device_training_batch_size", "3"],
+         ("--per_device_generation_batch_size (4) x --num_samples_per_prompt (2) must be a multiple of "
+          "--per_device_training_batch_size (3)",)),
+    Case("step3 --reward_fn that cannot be imported", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "no_such_module_anywhere:score"],
+         ("--reward_fn no_such_module_anywhere:score: cannot import no_such_module_anywhere",)),
+    Case("step3 --reward_fn that raises", "step3", [*STEP3, *GRPO, "--reward_fn", "{tmp}/rewards.py:raises"],
+         ("the reward function --reward_fn {tmp}/rewards.py:raises raised ZeroDivisionError: division by zero",)),
+    Case("step3 --reward_fn of the wrong length", "step3", [*STEP3, *GRPO, "--reward_fn", "{tmp}/rewards.py:short"],
+         ("the reward function --reward_fn {tmp}/rewards.py:short returned 7 values for 8 answers",)),
+    Case("step3 --reward_fn not finite", "step3", [*STEP3, *GRPO, "--reward_fn", "{tmp}/rewards.py:not_finite"],
+         ("the reward function --reward_fn {tmp}/rewards.py:not_finite returned nan for answer 0",)),
+    Case("step3 --reward_fn builtin on another task's prompts", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--data_path", "{tmp}/good_other"],
+         ("the reward function --reward_fn builtin raised ValueError",)),
     # chat.py
     Case("chat empty prompt", "chat", ["--path", "tiny", "--prompt", "  "], ("--prompt is empty",)),
     Case("chat prompt longer than the context", "chat", ["--path", "tiny", "--prompt", LONG_PROMPT],
@@ -168,6 +208,10 @@ def write_bad_data(tmp):
         write_jsonl(tmp / "malformed" / f"{split}.json", [GOOD_ROW]).write_text(json.dumps(GOOD_ROW) + "\n{not json\n")
     write_jsonl(tmp / "emptyfield.jsonl", [GOOD_ROW] * 3 + [dict(GOOD_ROW, chosen="")] + [GOOD_ROW] * 2)
     (tmp / "empty.jsonl").write_text("\n\n")
+    other_task = dict(GOOD_ROW, prompt=" Human: Tell a joke. Assistant:")
+    for split in ("train", "eval"):
+        write_jsonl(tmp / "good_other" / f"{split}.json", [other_task] * 8)
+    (tmp / "rewards.py").write_text(REWARD_FNS)
     (tmp / "notamodel").mkdir()
 
 

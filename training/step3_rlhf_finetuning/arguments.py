@@ -158,9 +158,10 @@ def check_args(args):
     check_rl_args(args)
     rollouts = args.per_device_generation_batch_size * args.num_samples_per_prompt
     if rollouts % args.per_device_training_batch_size:
-        raise ConfigError(f"--per_device_generation_batch_size x --num_samples_per_prompt ({rollouts} rollouts) "
-                          f"must be a multiple of --per_device_training_batch_size "
-                          f"({args.per_device_training_batch_size})")
+        group = args.num_samples_per_prompt
+        times = f" x --num_samples_per_prompt ({group})" if group > 1 else ""
+        raise ConfigError(f"--per_device_generation_batch_size ({args.per_device_generation_batch_size}){times} must "
+                          f"be a multiple of --per_device_training_batch_size ({args.per_device_training_batch_size})")
     if args.only_optimize_lora and args.actor_lora_dim <= 0 and args.critic_lora_dim <= 0:
         raise ConfigError("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim > 0")
     if args.inference_tp_size > 1 and args.actor_zero_stage != 3:

@@ -62,8 +62,8 @@ def main(argv=None):
     actor_path, critic_path = resolve_step_models(args)
     reward_fn = load_reward_fn(args.reward_fn, args) if args.reward_fn else None
     tokenizer = load_tokenizer(actor_path, args.trust_remote_code)
-    prompt_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3, args.seed,
-                                              tokenizer, args.max_prompt_seq_len)
+    prompt_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3,
+                                                         args.seed, tokenizer, args.max_prompt_seq_len)
     eval_prompts = heldout_prompts(args, eval_dataset) if args.eval_interval else []
     prompt_loader = make_dataloader(prompt_dataset, DataCollatorRLHF(tokenizer.pad_token_id),
                                     args.per_device_generation_batch_size, True, args.seed)
