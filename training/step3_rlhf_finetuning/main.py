@@ -86,8 +86,9 @@ def main(argv=None):
     engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, num_total_iters, world_size)
     trainer = PPOTrainer(engine, args, reward_fn)
     print_rank_0(f"PPO ({args.advantage_estimator}): {len(prompt_dataset)} prompts, {total_steps} steps of "
-                 f"{args.per_device_generation_batch_size} prompt(s) x {args.num_samples_per_prompt} answer(s) x "
-                 f"{world_size} process(es), {args.ppo_epochs} PPO epoch(s) of {minibatches} minibatch(es)")
+                 f"{rollouts} x {world_size} rollouts ({args.per_device_generation_batch_size} prompt(s) x "
+                 f"{args.num_samples_per_prompt} answer(s) per process), {args.ppo_epochs} PPO epoch(s) of "
+                 f"{minibatches} minibatch(es)")
 
     # Loop (resumed from the latest checkpoint with --resume; checkpoints are written between PPO rounds)
     position = TrainingPosition(prompt_loader)
