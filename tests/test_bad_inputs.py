@@ -39,6 +39,21 @@ STEP1 = ["--output_dir", "{out}", "--max_steps", "1", "--data_output_path", "{tm
 STEP2 = STEP1
 STEP3 = ["--output_dir", "{out}", "--data_output_path", "{tmp}/cache", "--max_steps", "1"]
 MODELS = ["--actor_model_name_or_path", "{actor}", "--critic_model_name_or_path", "{critic}"]
+GRPO = ["--actor_model_name_or_path", "{actor}", "--advantage_estimator", "grpo", "--num_samples_per_prompt", "2",
+        "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "8", "--max_answer_seq_len",
+        "4"]
+REWARD_FNS = """
+def raises(prompts, answers):
+    return [1 / 0 for _ in answers]
+
+
+def short(prompts, answers):
+    return [0.0] * (len(answers) - 1)
+
+
+def not_finite(prompts, answers):
+    return [float("nan")] * len(answers)
+"""
 EVAL_OUT = ["--output_json", "{out}/result.json"]
 
 CASES = [
@@ -224,6 +239,31 @@ CASES = [
     Case("step1 model folder with a truncated model.safetensors", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/broken/truncated"],
          ("model folder {tmp}/broken/truncated: its weights cannot be loaded",), setup="broken models"),
+    # step 3: critic-free estimators and reward functions
+    Case("step3 gae without a critic", "step3", [*STEP3, "--actor_model_name_or_path", "{actor}", "--reward_fn",
+                                                  "builtin"],
+         ("--advantage_estimator gae needs --critic_model_name_or_path",)),
+    Case("step3 critic-free without a reward", "step3", [*STEP3, *GRPO],
+         ("--advantage_estimator grpo needs a reward: --reward_fn (e.g. builtin) or --critic_model_name_or_path",)),
+    Case("step3 grpo with one answer per prompt", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--num_samples_per_prompt", "1"],
+         ("--advantage_estimator grpo compares the answers to one prompt", "--num_samples_per_prompt of at least 2")),
+    Case("step3 rollouts not a multiple of the training batch", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--per_device_training_batch_size", "3"],
+         ("--per_device_generation_batch_size (4) x --num_samples_per_prompt (2) must be a multiple of "
+          "--per_device_training_batch_size (3)",)),
+    Case("step3 --reward_fn that cannot be imported", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "no_such_module_anywhere:score"],
+         ("--reward_fn no_such_module_anywhere:score: cannot import no_such_module_anywhere",)),
+    Case("step3 --reward_fn that raises", "step3", [*STEP3, *GRPO, "--reward_fn", "{tmp}/rewards.py:raises"],
+         ("the reward function --reward_fn {tmp}/rewards.py:raises raised ZeroDivisionError: division by zero",)),
+    Case("step3 --reward_fn of the wrong length", "step3", [*STEP3, *GRPO, "--reward_fn", "{tmp}/rewards.py:short"],
+         ("the reward function --reward_fn {tmp}/rewards.py:short returned 7 values for 8 answers",)),
+    Case("step3 --reward_fn not finite", "step3", [*STEP3, *GRPO, "--reward_fn", "{tmp}/rewards.py:not_finite"],
+         ("the reward function --reward_fn {tmp}/rewards.py:not_finite returned nan for answer 0",)),
+    Case("step3 --reward_fn builtin on another task's prompts", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--data_path", "{tmp}/good_other"],
+         ("the reward function --reward_fn builtin raised ValueError",)),
     # chat.py
     Case("chat empty prompt", "chat", ["--path", "tiny", "--prompt", "  "], ("--prompt is empty",)),
     Case("chat prompt longer than the context", "chat", ["--path", "tiny", "--prompt", LONG_PROMPT],
@@ -322,6 +362,10 @@ def write_bad_data(tmp):
     (tmp / "ds_optimizer.json").write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}))
     (tmp / "latin1.txt").write_bytes(" Human: caf\xe9? Assistant:\n".encode("latin-1"))
     (tmp / "ds_batch.json").write_text(json.dumps({"train_batch_size": 32}))
+    other_task = dict(GOOD_ROW, prompt=" Human: Tell a joke. Assistant:")
+    for split in ("train", "eval"):
+        write_jsonl(tmp / "good_other" / f"{split}.json", [other_task] * 8)
+    (tmp / "rewards.py").write_text(REWARD_FNS)
     (tmp / "notamodel").mkdir()
     (tmp / "othervocab").mkdir()
     (tmp / "othervocab" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 999}))

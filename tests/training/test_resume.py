@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from processes import subprocess_env
 from safetensors.torch import load_file
 
@@ -138,6 +139,36 @@ def test_step3_killed_and_resumed_equals_an_uninterrupted_run(step3_model_dirs, 
     check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=4)
     for name in ("actor", "critic", "actor_ema"):
         assert (tmp_path / "resumed" / name / "model.safetensors").is_file()
+
+
+# Step 3 without a critic: GRPO groups of two answers, scored by a reward function of the user's (the built-in
+# checker gives a random actor's answers all the same score), the KL loss, clip-higher, equal groups dropped (a
+# minibatch may be skipped) and evaluations on held-out prompts, whose scores are part of the metrics.
+CRITIC_FREE_FLAGS = [*STEP3_FLAGS, "--per_device_generation_batch_size", "2", "--advantage_estimator", "grpo",
+                     "--num_samples_per_prompt", "2", "--use_kl_loss", "--kl_loss_coef", "0.1", "--cliprange_high",
+                     "0.28", "--filter_zero_variance", "--eval_interval", "4", "--eval_prompts", "4", "--max_steps", "12"]
+LENGTH_REWARD = "def score(prompts, answers):\n    return [len(answer) % 3 for answer in answers]\n"
+
+
+def test_step3_critic_free_killed_and_resumed_equals_an_uninterrupted_run(step3_model_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    actor_dir = step3_model_dirs[0]
+    main = [sys.executable, str(STEP3 / "main.py"), "--actor_model_name_or_path", str(actor_dir), *CRITIC_FREE_FLAGS,
+            "--reward_fn", f"{reward_file}:score", "--data_output_path", str(tmp_path / "data")]
+    log = check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=4)
+    resumed = tmp_path / "resumed"
+    assert sorted(p.name for p in resumed.iterdir() if p.is_dir()) == ["actor", "actor_ema", "checkpoints"]
+    checkpoint = resumed / "checkpoints" / (resumed / "checkpoints" / "latest").read_text().strip()
+    assert (checkpoint / "actor").is_dir() and not (checkpoint / "critic").exists()
+    assert "eval at step 8 (4 held-out prompts)" in log and "zero_variance_groups=" in log
+    metrics = json.loads((resumed / "metrics.json").read_text())
+    assert {"heldout_sampled_start", "heldout_greedy_end"} <= set(metrics)
+    start = AutoModelForCausalLM.from_pretrained(actor_dir).state_dict()
+    trained = AutoModelForCausalLM.from_pretrained(resumed / "actor").state_dict()
+    assert any(not torch.equal(start[name], trained[name]) for name in start)  # the run trained the actor
 
 
 @pytest.mark.e2e

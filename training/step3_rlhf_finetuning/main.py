@@ -1,13 +1,16 @@
-"""Step 3: RLHF with PPO, from the step-1 actor and the step-2 reward model.
+"""Step 3: RLHF with PPO, from the step-1 actor and the step-2 reward model or a reward function.
 
-Each step samples answers to a batch of prompts (--generation_batches batches make one round of experience),
-scores them with the reward model, subtracts a KL penalty against the frozen reference, computes GAE advantages
-with the critic, then runs --ppo_epochs passes of clipped-PPO updates over minibatches of the experience
-(plus, with --unsupervised_dataset_name, a language-modelling step on plain text per minibatch, scaled by
---unsup_coef). Saves `actor/`, `critic/` and, with --enable_ema, `actor_ema/` in --output_dir.
-With --save_steps N a resumable checkpoint (both engines, the EMA, the KL controller, reward moments, minibatch
-shuffler and metric history) is written between PPO rounds every N prompt batches, and --resume continues from
-the latest one exactly as the uninterrupted run would have gone on.
+Each step samples answers to a batch of prompts (--num_samples_per_prompt each; --generation_batches batches make
+one round of experience), scores them with the reward model and/or a reward function (--reward_fn, e.g. the
+built-in task's checker), subtracts a KL penalty against the frozen reference (or keeps the KL for the loss,
+--use_kl_loss), computes advantages (--advantage_estimator: GAE with the critic, or critic-free GRPO, RLOO or
+REINFORCE++), then runs --ppo_epochs passes of clipped-PPO updates over minibatches of the experience (plus, with
+--unsupervised_dataset_name, a language-modelling step on plain text per minibatch, scaled by --unsup_coef).
+With --eval_interval N the actor is scored on held-out prompts every N steps. Saves `actor/`, `critic/` (GAE
+only) and, with --enable_ema, `actor_ema/` in --output_dir.
+With --save_steps N a resumable checkpoint (the engines, the EMA, the KL controller, reward moments, minibatch
+shuffler, metric history and evaluations) is written between PPO rounds every N prompt batches, and --resume
+continues from the latest one exactly as the uninterrupted run would have gone on.
 """
 import sys
 from pathlib import Path
@@ -20,12 +23,14 @@ import random
 import time
 
 from training.step3_rlhf_finetuning.arguments import parse_args
-from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
+from inference.evaluation import builtin_prompts
+from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, mean_stats
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
                                    create_unsupervised_dataset, make_dataloader)
 from utils.model.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
+from utils.rl.reward_fns import load_reward_fn
 from utils.runtime.args import training_flags
 from utils.runtime.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
                                       python_random_state, set_python_random_state)
@@ -36,12 +41,14 @@ from utils.runtime.monitor import Monitor, format_scalars
 
 
 def resolve_step_models(args):
-    """The actor must be a causal LM (step 1 output) and the critic a reward model (step 2 output)."""
+    """The actor must be a causal LM (step 1 output) and the critic, if given, a reward model (step 2 output)."""
     actor_path = resolve_model_path(args.actor_model_name_or_path)
-    critic_path = resolve_model_path(args.critic_model_name_or_path)
     if is_reward_model_folder(actor_path):
         raise ConfigError(f"--actor_model_name_or_path {actor_path} is a reward model (step 2 output); pass the "
                           "step-1 actor")
+    if not args.critic_model_name_or_path:
+        return actor_path, None
+    critic_path = resolve_model_path(args.critic_model_name_or_path)
     if not is_reward_model_folder(critic_path):
         raise ConfigError(f"--critic_model_name_or_path {critic_path} is not a reward model folder (step 2 output)")
     return actor_path, critic_path
@@ -55,12 +62,14 @@ def main(argv=None):
 
     # Data
     actor_path, critic_path = resolve_step_models(args)
-    claim_output_dir(args, inputs={"--actor_model_name_or_path": actor_path,
-                                   "--critic_model_name_or_path": critic_path},
+    inputs = {"--actor_model_name_or_path": actor_path, "--critic_model_name_or_path": critic_path}
+    claim_output_dir(args, inputs={flag: path for flag, path in inputs.items() if path},
                      model_dirs=[f"{args.output_dir}/{name}" for name in ("actor", "critic", "actor_ema")])
+    reward_fn = load_reward_fn(args.reward_fn, args) if args.reward_fn else None
     tokenizer = load_tokenizer(actor_path, args.trust_remote_code)
-    prompt_dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3, args.seed,
-                                              tokenizer, args.max_prompt_seq_len)
+    prompt_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3,
+                                                         args.seed, tokenizer, args.max_prompt_seq_len)
+    eval_prompts = heldout_prompts(args, eval_dataset) if args.eval_interval else []
     prompt_loader = make_dataloader(prompt_dataset, DataCollatorRLHF(tokenizer.pad_token_id),
                                     args.per_device_generation_batch_size, True, args.seed)
     unsup_batches = None
@@ -81,41 +90,47 @@ def main(argv=None):
                           f"{world_size} process(es))")
     total_steps = args.num_train_epochs * steps_per_epoch
     total_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
-    minibatches = args.per_device_generation_batch_size // args.per_device_training_batch_size
+    rollouts = args.per_device_generation_batch_size * args.num_samples_per_prompt
+    minibatches = rollouts // args.per_device_training_batch_size
     actor_steps, critic_steps = planned_optimizer_steps(args, total_steps)
     engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, actor_steps, critic_steps, world_size)
-    trainer = PPOTrainer(engine, args)
-    print_rank_0(f"PPO: {len(prompt_dataset)} prompts, {total_steps} steps of {args.per_device_generation_batch_size}"
-                 f" x {world_size} rollouts, {args.ppo_epochs} PPO epoch(s) of {minibatches} minibatch(es)")
+    trainer = PPOTrainer(engine, args, reward_fn)
+    print_rank_0(f"PPO ({args.advantage_estimator}): {len(prompt_dataset)} prompts, {total_steps} steps of "
+                 f"{rollouts} x {world_size} rollouts ({args.per_device_generation_batch_size} prompt(s) x "
+                 f"{args.num_samples_per_prompt} answer(s) per process), {args.ppo_epochs} PPO epoch(s) of "
+                 f"{minibatches} minibatch(es)")
 
     # Loop (resumed from the latest checkpoint with --resume; checkpoints are written between PPO rounds)
     position = TrainingPosition(prompt_loader)
-    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit,
-                                {"actor": engine.actor, "critic": engine.critic}, position,
+    trained = {name: model for name, model in (("actor", engine.actor), ("critic", engine.critic))
+               if model is not None}
+    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, trained, position,
                                 weights={"actor_ema": engine.actor_ema}, flags=training_flags(args, step=3))
     shuffler = random.Random(args.seed)
-    history, experiences, step = [], [], 0
+    history, evaluations, experiences, step = [], [], [], 0
     resumed = checkpointer.resume() if args.resume else None
     if resumed:
-        step, history = resumed["step"], resumed["history"]
+        step, history, evaluations = resumed["step"], resumed["history"], resumed["evaluations"]
         trainer.load_state_dict(resumed["trainer"])
         set_python_random_state(resumed["shuffler"], shuffler)
         if unsup_batches is not None:
             unsup_batches.skip(resumed["unsup_batches_drawn"])
     monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step3_ppo")
+    if eval_prompts and not resumed:
+        evaluations.append(evaluate(trainer, eval_prompts, step, monitor))
     for epoch in position.epochs(args.num_train_epochs):
         for _, batch in position.batches(epoch):
             if step >= total_steps:
                 break
             batch = to_device(batch, device)
-            experiences.append(trainer.generate_experience(batch["prompt"], batch["prompt_att_mask"]))
+            experiences.append(trainer.generate_experience(batch["prompt"], batch["prompt_att_mask"],
+                                                           batch["prompt_text"]))
             step += 1
             if len(experiences) < args.generation_batches:
                 continue
             stats = trainer.train_round(experiences, unsup_batches, shuffler,
                                         train_actor=step > args.critic_warmup_steps * args.generation_batches)
-            trainer.kl_controller.update(stats["kl"], args.per_device_generation_batch_size * world_size
-                                         * args.generation_batches)
+            trainer.kl_controller.update(stats["kl"], rollouts * world_size * args.generation_batches)
             stats["kl_coef"] = trainer.kl_controller.value
             history.append(stats)
             if step % args.print_interval == 0 or step == total_steps:
@@ -126,8 +141,11 @@ def main(argv=None):
             if args.print_answers and step % args.print_answers_interval == 0:
                 print_sample(experiences[0], tokenizer)
             experiences = []
+            if eval_prompts and (step % args.eval_interval == 0 or step == total_steps):
+                evaluations.append(evaluate(trainer, eval_prompts, step, monitor))
             checkpointer.save_if_due(step, total_steps, {
-                "history": history, "trainer": trainer.state_dict(), "shuffler": python_random_state(shuffler),
+                "history": history, "evaluations": evaluations, "trainer": trainer.state_dict(),
+                "shuffler": python_random_state(shuffler),
                 "unsup_batches_drawn": unsup_batches.drawn if unsup_batches is not None else 0})
     monitor.close()
 
@@ -136,9 +154,10 @@ def main(argv=None):
         if model_engine is not None:
             save_hf_model(model_engine.module, tokenizer, f"{args.output_dir}/{name}",
                           model_engine.zero_optimization_stage())
-    metrics = summarize(history, time.time() - start_time)
-    metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps,
-                   critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
+    metrics = summarize(history, evaluations, time.time() - start_time)
+    metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps)
+    if engine.critic is not None:
+        metrics.update(critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
     write_metrics(args.output_dir, metrics)
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
 
@@ -149,10 +168,12 @@ def planned_optimizer_steps(args, total_steps):
     Each PPO round (--generation_batches prompt batches) makes ppo_epochs x (its rows / training batch) minibatch
     updates. The critic steps on every one; the actor skips the critic warm-up rounds and, with an unsupervised
     data set, takes a second (language-modelling) micro-step after each. DeepSpeed steps the optimizer once per
-    --gradient_accumulation_steps micro-steps."""
+    --gradient_accumulation_steps micro-steps. A batch's rows are its prompts x --num_samples_per_prompt. (With
+    --filter_zero_variance a minibatch left without a token to learn from is skipped: the schedule then ends
+    short of its last steps.)"""
     rounds = total_steps // args.generation_batches
-    updates_per_round = (args.generation_batches * args.ppo_epochs
-                         * (args.per_device_generation_batch_size // args.per_device_training_batch_size))
+    rows = args.per_device_generation_batch_size * args.num_samples_per_prompt
+    updates_per_round = args.generation_batches * args.ppo_epochs * (rows // args.per_device_training_batch_size)
     actor_rounds = max(0, rounds - args.critic_warmup_steps)
     actor_micro_steps = actor_rounds * updates_per_round * (2 if args.unsupervised_dataset_name else 1)
     accumulation = args.gradient_accumulation_steps
@@ -167,21 +188,39 @@ def print_sample(experience, tokenizer):
     print_rank_0(f"  prompt: {prompt!r}\n  answer: {answer!r}")
 
 
-def mean_stats(rows):
-    """The mean of each statistic over the rows that have it."""
-    keys = dict.fromkeys(key for row in rows for key in row)
-    return {key: sum(row[key] for row in rows if key in row) / sum(key in row for row in rows) for key in keys}
+def heldout_prompts(args, eval_dataset):
+    """The prompts --eval_interval scores (the first --eval_prompts): the built-in task's held-out prompts, which
+    its checker scores, when the data is the built-in task; else the prompts of the data's eval split."""
+    if args.data_path == ["builtin"]:
+        return builtin_prompts()[:args.eval_prompts]
+    return [sample["prompt"] for sample in eval_dataset][:args.eval_prompts]
 
 
-def summarize(history, wall_time):
-    """Mean reward-model score and KL over the first and last tenth of the run, and the wall time."""
+def evaluate(trainer, prompts, step, monitor):
+    """Score the actor on the held-out prompts (PPOTrainer.evaluate); log it to the console and TensorBoard."""
+    scores = trainer.evaluate(prompts)
+    for decoding, values in scores.items():
+        monitor.write(step, f"eval_{decoding}", **values)
+    print_rank_0(f"eval at step {step} ({len(prompts)} held-out prompts): "
+                 + " | ".join(f"{decoding} {format_scalars(**values)}" for decoding, values in scores.items()))
+    return {"step": step, **scores}
+
+
+def summarize(history, evaluations, wall_time):
+    """Mean score and KL over the first and last tenth of the run, the first and last held-out evaluation (the
+    checker's mean score when there is one, else the mean reward), and the wall time."""
     if not history:
         return {"wall_time_s": wall_time}
     window = max(1, len(history) // 10)
     first, last = mean_stats(history[:window]), mean_stats(history[-window:])
-    return {"score_start": first["score"], "score_end": last["score"], "reward_start": first["reward"],
-            "reward_end": last["reward"], "kl_end": last["kl"], "answer_length_end": last["answer_length"],
-            "eos_fraction_end": last["eos_fraction"], "steps": len(history), "wall_time_s": wall_time}
+    metrics = {"score_start": first["score"], "score_end": last["score"], "reward_start": first["reward"],
+               "reward_end": last["reward"], "kl_end": last["kl"], "answer_length_end": last["answer_length"],
+               "eos_fraction_end": last["eos_fraction"], "steps": len(history)}
+    for when, evaluation in (("start", evaluations[:1]), ("end", evaluations[-1:])):
+        for decoding in ("sampled", "greedy"):
+            for scores in evaluation:
+                metrics[f"heldout_{decoding}_{when}"] = scores[decoding].get("all", scores[decoding].get("reward"))
+    return {**metrics, "wall_time_s": wall_time}
 
 
 if __name__ == "__main__":

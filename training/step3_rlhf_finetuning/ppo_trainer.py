@@ -1,7 +1,17 @@
-"""PPO on the RLHF engine: make experience (sampled rollouts scored by the reward model), then update the actor
-with the clipped policy loss and the critic with the clipped value loss. The math is in `utils/rl/`, the shapes
-of a batch of experience in `utils/rl/experience.py`. A row whose first answer token is EOS is an empty answer: it
-is kept, scored and penalised like any other, never dropped.
+"""PPO on the RLHF engine: make experience (sampled rollouts scored by the reward model, a reward function, or
+both), then update the actor with the clipped policy loss and, with a critic, the critic with the clipped value
+loss. The math is in `utils/rl/`, the shapes of a batch of experience in `utils/rl/experience.py`. A row whose
+first answer token is EOS is an empty answer: it is kept, scored and penalised like any other, never dropped.
+
+--advantage_estimator chooses how an answer is credited, in one place (`estimate_advantages`):
+
+    gae           PPO with a critic (DeepSpeed-Chat's): GAE over the critic's values of the per-token rewards
+    grpo          no critic: (r - mean) / std over the --num_samples_per_prompt answers to the same prompt
+    rloo          no critic: r - the mean of the other answers to the same prompt
+    reinforce_pp  no critic: returns-to-go of the per-token rewards, whitened over the global batch
+
+Each prompt is repeated --num_samples_per_prompt times in a row inside this rank's batch, so a group never
+spans two ranks.
 """
 import time
 
@@ -9,24 +19,29 @@ import torch
 
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
 from utils.model.model_utils import model_forward_kwargs
-from utils.rl.advantages import gae_advantages_and_returns
+from utils.model.reward_model import score_answers
+from utils.rl.advantages import (gae_advantages_and_returns, grpo_advantages, reinforce_pp_advantages,
+                                 rloo_advantages, sequence_advantages)
 from utils.rl.experience import Experience, answer_action_mask
 from utils.rl.frozen import moving_average
 from utils.rl.kl import make_kl_controller
-from utils.rl.losses import policy_loss, value_loss
-from utils.rl.rewards import RunningMoments, compute_rewards
+from utils.rl.losses import kl_loss, policy_loss, value_loss
+from utils.rl.reward_fns import call_reward_fn
+from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
-from utils.runtime.dist import all_reduce_mean, assert_finite, to_device
+from utils.runtime.dist import all_reduce_mean, all_reduce_sum, assert_finite, to_device
 
 
 class PPOTrainer:
 
-    def __init__(self, rlhf_engine, args):
+    def __init__(self, rlhf_engine, args, reward_fn=None):
+        """reward_fn: a function of utils/rl/reward_fns.py (--reward_fn), or None for the reward model alone."""
         self.engine = rlhf_engine
         self.actor, self.ref, self.critic, self.reward = (rlhf_engine.actor, rlhf_engine.ref, rlhf_engine.critic,
                                                           rlhf_engine.reward)
         self.tokenizer = rlhf_engine.tokenizer
         self.args = args
+        self.reward_fn = reward_fn
         self.kl_controller = make_kl_controller(args.kl_coef, args.adaptive_kl_target, args.adaptive_kl_horizon)
         self.reward_moments = RunningMoments()
         self.zero3_generation = args.actor_zero_stage == 3 and torch.distributed.get_world_size() > 1
@@ -67,9 +82,14 @@ class PPOTrainer:
         values, _ = critic.forward_value(seq, attention_mask)
         return values[:, prompt_len - 1:-1]
 
-    def generate_experience(self, prompts, prompt_mask):
-        """One batch of experience with everything PPO needs, computed with every model in eval mode."""
+    def generate_experience(self, prompts, prompt_mask, prompt_texts=None):
+        """One batch of experience with everything the update needs, computed with every model in eval mode.
+        prompt_texts: the data set's prompts as text, for a reward function."""
         args = self.args
+        group = args.num_samples_per_prompt
+        if group > 1:
+            prompts, prompt_mask = prompts.repeat_interleave(group, 0), prompt_mask.repeat_interleave(group, 0)
+            prompt_texts = None if prompt_texts is None else [text for text in prompt_texts for _ in range(group)]
         generate_start = time.perf_counter()
         self.actor.eval()
         seq = self.generate_sequence(prompts, prompt_mask)
@@ -79,68 +99,148 @@ class PPOTrainer:
         answers = seq[:, prompt_len:]
         action_mask = answer_action_mask(answers, self.tokenizer.eos_token_id)
         attention_mask = torch.cat([prompt_mask, action_mask.to(prompt_mask.dtype)], dim=1)
-        self.critic.eval()
+        lengths = action_mask.sum(1)
+        has_eos = (answers == self.tokenizer.eos_token_id).any(1)
+        if self.critic is not None:
+            self.critic.eval()
         with torch.no_grad():
             logprobs = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len)
             ref_logprobs = self.answer_logprobs(self.ref, seq, attention_mask, prompt_len)
-            values = self.answer_values(self.critic.module, seq, attention_mask, prompt_len) * action_mask
-            _, raw_scores = self.reward.module.forward_value(seq, attention_mask)
-            raw_scores = raw_scores.float()
+            values = None
+            if self.critic is not None:
+                values = self.answer_values(self.critic.module, seq, attention_mask, prompt_len) * action_mask
+            raw_scores, score_stats = self.score(seq, attention_mask, action_mask, prompt_len, prompt_texts)
             scores = self.shape_scores(raw_scores, action_mask, answers)
-            rewards, kl = compute_rewards(logprobs, ref_logprobs, scores, action_mask,
-                                          self.kl_controller.value, args.kl_estimator, args.reward_clip)
-            advantages, returns = gae_advantages_and_returns(values, rewards, action_mask, args.gamma, args.lam)
-            if args.whiten_advantages:
-                advantages = masked_whiten(advantages, action_mask)
+            rewards, kl = compute_rewards(logprobs, ref_logprobs, scores, action_mask, self.reward_kl_coef(),
+                                          args.kl_estimator, args.reward_clip)
+            equal = self.equal_score_groups(scores)
+            if args.filter_zero_variance:  # DAPO's dynamic sampling: such a group has nothing to teach
+                action_mask = action_mask * (~equal).repeat_interleave(group).unsqueeze(1).to(action_mask.dtype)
+            advantages, returns = self.estimate_advantages(rewards, values, action_mask)
         self.actor.train()
-        self.critic.train()
-        lengths = action_mask.sum(1)
-        has_eos = (answers == self.tokenizer.eos_token_id).any(1)
+        if self.critic is not None:
+            self.critic.train()
+        stats = {"score": raw_scores.mean().item(), **score_stats, "reward": (rewards.sum(1)).mean().item(),
+                 "kl": kl.sum(1).mean().item(), "answer_length": lengths.float().mean().item(),
+                 "eos_fraction": has_eos.float().mean().item(),
+                 "empty_fraction": (answers[:, 0] == self.tokenizer.eos_token_id).float().mean().item()}
+        if group > 1:
+            stats["zero_variance_groups"] = float(equal.sum().item())
         return Experience(
             seq=seq, attention_mask=attention_mask, action_mask=action_mask, prompt_len=prompt_len,
             logprobs=logprobs, ref_logprobs=ref_logprobs, values=values, advantages=advantages, returns=returns,
-            stats={"score": raw_scores.mean().item(), "reward": (rewards.sum(1)).mean().item(),
-                      "kl": kl.sum(1).mean().item(), "answer_length": lengths.float().mean().item(),
-                      "eos_fraction": has_eos.float().mean().item(),
-                      "empty_fraction": (answers[:, 0] == self.tokenizer.eos_token_id).float().mean().item(),
-                   "generate_time": generate_time, "generated_tokens": int(lengths.sum().item())})
+            stats={**stats, "generate_time": generate_time, "generated_tokens": int(lengths.sum().item())})
+
+    def score(self, seq, attention_mask, action_mask, prompt_len, prompt_texts):
+        """The end score of each answer (B,): the reward model's score times --reward_model_weight plus the
+        reward function's times --reward_fn_weight, of whichever are given; and, when both are, each mean."""
+        args = self.args
+        parts = {}
+        if self.reward is not None:
+            _, model_scores = self.reward.module.forward_value(seq, attention_mask)
+            parts["reward_model_score"] = (args.reward_model_weight, model_scores.float())
+        if self.reward_fn is not None:
+            answers = [self.tokenizer.decode(row[mask.bool()], skip_special_tokens=True)
+                       for row, mask in zip(seq[:, prompt_len:], action_mask)]
+            fn_scores = call_reward_fn(self.reward_fn, args.reward_fn, prompt_texts, answers).to(seq.device)
+            parts["reward_fn_score"] = (args.reward_fn_weight, fn_scores)
+        scores = sum(weight * part for weight, part in parts.values())
+        stats = {name: part.mean().item() for name, (_, part) in parts.items()} if len(parts) > 1 else {}
+        return scores, stats
+
+    def score_texts(self, prompts, answers):
+        """The same end scores (one float each) for answers given as text to data-set prompts (evaluation)."""
+        args = self.args
+        scores = [0.0] * len(answers)
+        if self.reward is not None:
+            model_scores = score_answers(self.reward.module, self.tokenizer, prompts, answers)
+            scores = [s + args.reward_model_weight * float(r) for s, r in zip(scores, model_scores)]
+        if self.reward_fn is not None:
+            fn_scores = call_reward_fn(self.reward_fn, args.reward_fn, prompts, answers)
+            scores = [s + args.reward_fn_weight * float(r) for s, r in zip(scores, fn_scores)]
+        return scores
 
     def shape_scores(self, raw_scores, action_mask, answers):
-        """The score the policy is rewarded with: the reward model's end score, normalised by the running
-        moments of all scores seen (all ranks), minus a penalty for answers that never emit EOS."""
+        """The score the policy is rewarded with: the end score, normalised by the running moments of all scores
+        seen (all ranks), minus a penalty for answers that never emit EOS and one for answers near or at
+        --max_answer_seq_len (DAPO's soft overlong punishment)."""
+        args = self.args
         scores = raw_scores
-        if self.args.normalize_reward:
+        if args.normalize_reward:
             self.reward_moments.update(gather_all(raw_scores))
             scores = self.reward_moments.normalise(raw_scores)
-        if self.args.missing_eos_penalty:
+        if args.missing_eos_penalty:
             has_eos = (answers == self.tokenizer.eos_token_id).any(1)
-            scores = scores - self.args.missing_eos_penalty * (~has_eos).float()
+            scores = scores - args.missing_eos_penalty * (~has_eos).to(scores.dtype)
+        if args.overlong_penalty:
+            scores = scores - args.overlong_penalty * overlong_fraction(action_mask.sum(1), args.max_answer_seq_len,
+                                                                        args.overlong_buffer).to(scores.dtype)
         return scores
+
+    def reward_kl_coef(self):
+        """The KL penalty's weight in the reward: the controller's, or 0 when the KL is a loss term instead."""
+        return 0.0 if self.args.use_kl_loss else self.kl_controller.value
+
+    def equal_score_groups(self, scores):
+        """(B / group,) bool: the prompts whose --num_samples_per_prompt answers all got the same score."""
+        groups = scores.view(-1, self.args.num_samples_per_prompt)
+        return (groups == groups[:, :1]).all(1)
+
+    def estimate_advantages(self, rewards, values, action_mask):
+        """(advantages, returns) by --advantage_estimator; returns (the critic's targets) is None without a
+        critic. `rewards` are compute_rewards' per-token rewards: the KL penalty on every token, the shaped
+        score on the last, so an answer's sequence reward rewards.sum(1) is its score minus its KL penalty."""
+        args = self.args
+        if args.advantage_estimator == "gae":
+            advantages, returns = gae_advantages_and_returns(values, rewards, action_mask, args.gamma, args.lam)
+            return (masked_whiten(advantages, action_mask) if args.whiten_advantages else advantages), returns
+        if args.advantage_estimator == "reinforce_pp":
+            return reinforce_pp_advantages(rewards, action_mask, args.gamma, batch_sum=all_reduce_sum), None
+        groups = rewards.sum(1).view(-1, args.num_samples_per_prompt)
+        if args.advantage_estimator == "grpo":
+            advantages = grpo_advantages(groups, std_normalization=not args.no_std_normalization)
+        else:
+            advantages = rloo_advantages(groups)
+        return sequence_advantages(advantages.reshape(-1), action_mask), None
 
     # ---- update -----------------------------------------------------------------------------------------------
 
     def train_rlhf(self, minibatch, train_actor=True):
-        """One clipped-PPO step of the actor (unless still warming up the critic) and of the critic."""
+        """One clipped-PPO step of the actor (unless still warming up the critic) and, with GAE, of the critic.
+        With --filter_zero_variance a minibatch left without a real token on every rank is skipped: an optimizer
+        step on a zero gradient would still move the weights (Adam's momentum)."""
         args = self.args
         seq, attention_mask, action_mask = minibatch.seq, minibatch.attention_mask, minibatch.action_mask
         prompt_len = minibatch.prompt_len
         stats = {}
+        if args.filter_zero_variance:
+            skip = all_reduce_sum(action_mask.sum()).item() == 0
+            stats["skipped_minibatches"] = float(skip)
+            if skip:
+                return stats
         if train_actor:
             logprobs, entropy = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len, with_entropy=True)
             actor_loss, policy_stats = policy_loss(logprobs, minibatch.logprobs, minibatch.advantages, action_mask,
-                                                   args.cliprange)
+                                                   args.cliprange, args.cliprange_low, args.cliprange_high,
+                                                   args.loss_agg_mode)
+            if args.use_kl_loss:
+                kl_term = kl_loss(logprobs, minibatch.ref_logprobs, action_mask, args.kl_loss_estimator,
+                                  args.loss_agg_mode)
+                actor_loss = actor_loss + args.kl_loss_coef * kl_term
+                stats["kl_loss"] = kl_term.item()
             assert_finite(actor_loss, "the actor loss")
             self.actor.backward(actor_loss)
             self.actor.step()
             stats.update(actor_loss=actor_loss.item(), entropy=masked_mean(entropy, action_mask).item(),
                          **{k: v.item() for k, v in policy_stats.items()})
-        values = self.answer_values(self.critic, seq, attention_mask, prompt_len)
-        critic_loss, value_stats = value_loss(values, minibatch.values, minibatch.returns, action_mask,
-                                              args.cliprange_value)
-        assert_finite(critic_loss, "the critic loss")
-        self.critic.backward(critic_loss)
-        self.critic.step()
-        stats.update(critic_loss=critic_loss.item(), **{k: v.item() for k, v in value_stats.items()})
+        if self.critic is not None:
+            values = self.answer_values(self.critic, seq, attention_mask, prompt_len)
+            critic_loss, value_stats = value_loss(values, minibatch.values, minibatch.returns, action_mask,
+                                                  args.cliprange_value)
+            assert_finite(critic_loss, "the critic loss")
+            self.critic.backward(critic_loss)
+            self.critic.step()
+            stats.update(critic_loss=critic_loss.item(), **{k: v.item() for k, v in value_stats.items()})
         return stats
 
     def train_round(self, experiences, unsup_batches, shuffler, train_actor):
@@ -161,7 +261,7 @@ class PPOTrainer:
                     moving_average(self.actor.module, self.engine.actor_ema.module, args.ema_beta)
                 step_stats.append(stats)
         train_time = time.perf_counter() - train_start
-        round_stats = {key: sum(s[key] for s in step_stats) / len(step_stats) for key in step_stats[0]}
+        round_stats = mean_stats(step_stats)
         for key in experiences[0].stats:
             round_stats[key] = sum(exp.stats[key] for exp in experiences) / len(experiences)
         generate_time = sum(exp.stats["generate_time"] for exp in experiences)
@@ -180,6 +280,32 @@ class PPOTrainer:
         self.actor.backward(loss)
         self.actor.step()
         return outputs.loss.item()
+
+
+    # ---- evaluation -------------------------------------------------------------------------------------------
+
+    def evaluate(self, prompts):
+        """The actor's scores on held-out `prompts` as it is now, by `inference.evaluation.evaluate_models`: one
+        sampled answer each (at the rollout temperature and top-p, from --seed, so every evaluation of a run
+        samples alike) and the greedy one, up to --max_answer_seq_len tokens; the checker's scores ("all" and
+        per skill) for the built-in task's prompts, and "reward", the mean end score of the reward sources.
+        Every rank runs it (ZeRO-3 gathers the weights collectively); random states are left as they were.
+        Returns {"sampled": scores, "greedy": scores}."""
+        from inference.evaluation import DECODINGS, evaluate_models
+
+        args = self.args
+        self.actor.eval()
+        results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,
+                                  max_new_tokens=args.max_answer_seq_len, temperature=args.temperature,
+                                  top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts,
+                                  batch_size=args.per_device_generation_batch_size * args.num_samples_per_prompt)
+        self.actor.train()
+        return {decoding: results["actor"][decoding] for decoding in DECODINGS}
+
+def mean_stats(rows):
+    """The mean of each statistic over the rows that have it (a skipped minibatch has no losses)."""
+    keys = dict.fromkeys(key for row in rows for key in row)
+    return {key: sum(row[key] for row in rows if key in row) / sum(key in row for row in rows) for key in keys}
 
 
 def gather_all(values):

@@ -2,8 +2,9 @@
 
     actor      trained; from the step-1 model; a DeepSpeedHybridEngine with --enable_hybrid_engine
     ref        frozen copy of the step-1 model, for the KL penalty
-    critic     trained; from the step-2 reward model (backbone and value head)
-    reward     frozen step-2 reward model
+    critic     trained; from the step-2 reward model (backbone and value head); GAE only, None for the
+               critic-free estimators (--advantage_estimator grpo, rloo, reinforce_pp)
+    reward     frozen step-2 reward model; None without --critic_model_name_or_path (a reward function alone)
     actor_ema  optional exponential moving average of the actor (--enable_ema)
 
 Frozen models are built by utils.rl.frozen (ZeRO-3 when the trained model they shadow is, or offloaded).
@@ -12,6 +13,7 @@ Every model is built with dropout off unless asked, so experience and training s
 from deepspeed.accelerator import get_accelerator
 
 from utils.model.model_utils import create_hf_model
+from training.step3_rlhf_finetuning.arguments import uses_critic
 from utils.model.reward_model import RewardModel
 from utils.rl.frozen import frozen_causal_lm, frozen_ds_config, frozen_reward_model
 from utils.runtime.dist import print_rank_0
@@ -42,7 +44,8 @@ def use_native_generate_on_cpu():
 class DeepSpeedRLHFEngine:
 
     def __init__(self, actor_path, critic_path, tokenizer, args, actor_steps, critic_steps, world_size):
-        """actor_steps, critic_steps: the optimizer steps each model will take, the length of its schedule."""
+        """critic_path: the step-2 folder, or None (no reward model, no critic). actor_steps, critic_steps: the
+        optimizer steps each trained model will take, the length of its schedule."""
         self.args, self.tokenizer, self.world_size = args, tokenizer, world_size
         self.actor_steps, self.critic_steps = actor_steps, critic_steps
         use_native_generate_on_cpu()
@@ -50,8 +53,8 @@ class DeepSpeedRLHFEngine:
         self.ref = self._init_frozen_causal_lm(actor_path, "reference")
         self.actor_ema = (self._init_frozen_causal_lm(actor_path, "actor_ema", lora_from=self.actor.module)
                           if args.enable_ema else None)
-        self.critic = self._init_critic(critic_path)
-        self.reward = self._init_reward(critic_path)
+        self.critic = self._init_critic(critic_path) if uses_critic(args) else None
+        self.reward = self._init_reward(critic_path) if critic_path else None
 
     def _train_config(self, stage, offload, hybrid=False):
         args = self.args

@@ -124,13 +124,14 @@ def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
 
 
 def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
-    """Prompt token ids for PPO rollouts; a prompt longer than max_prompt_len is skipped, not cut."""
+    """Prompt token ids for PPO rollouts, and the prompt's text (for reward functions and evaluation); a prompt
+    longer than max_prompt_len is skipped, not cut."""
     prompt_ids = tokenize_prompt(tokenizer, prompt)
     if len(prompt_ids) > max_prompt_len:
         counter.skip("longer than --max_prompt_seq_len")
         return None
     counter.kept += 1
-    return {"prompt_ids": prompt_ids}
+    return {"prompt_ids": prompt_ids, "prompt": prompt}
 
 
 def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter):
@@ -261,13 +262,15 @@ class DataCollatorPreference(DataCollatorReward):
 
 @dataclass
 class DataCollatorRLHF:
-    """Left-pads prompts so every rollout starts generating at the same column."""
+    """Left-pads prompts so every rollout starts generating at the same column; `prompt_text` lists the prompts'
+    texts (None for a sample without one)."""
     pad_token_id: int
 
     def __call__(self, samples):
         prompts = [s["prompt_ids"] for s in samples]
         return {"prompt": pad_left(prompts, self.pad_token_id),
-                "prompt_att_mask": pad_left([[1] * len(p) for p in prompts], 0)}
+                "prompt_att_mask": pad_left([[1] * len(p) for p in prompts], 0),
+                "prompt_text": [s.get("prompt") for s in samples]}
 
 
 def make_dataloader(dataset, collator, batch_size, shuffle, seed=0):

@@ -1,5 +1,6 @@
-"""The losses: PPO's clipped policy and value losses, the pairwise (Bradley-Terry) loss of reward models, and the
-preference losses that train a policy on chosen/rejected pairs directly (DPO, IPO, SimPO).
+"""The losses: PPO's clipped policy and value losses (the policy loss with asymmetric clipping and three ways of
+averaging over tokens), the KL to the reference as a loss term, the pairwise (Bradley-Terry) loss of reward
+models, and the preference losses that train a policy on chosen/rejected pairs directly (DPO, IPO, SimPO).
 
 The preference losses take sequence log-probs: log pi(y|x) summed over the answer's tokens, EOS included
 (`utils.rl.tokens.sequence_logprobs`); index i of every argument is pair i. Each returns the loss (mean over
@@ -14,7 +15,32 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from utils.rl.tokens import masked_mean
+from utils.rl.kl import kl_penalty
+from utils.rl.tokens import masked_mean, masked_sum
+
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+
+
+def aggregate_loss(losses: torch.Tensor, action_mask: torch.Tensor, mode: str = "token_mean") -> torch.Tensor:
+    """A per-token loss (B, A) made one number, over the real tokens only:
+
+        token_mean           sum_bt m_bt l_bt / sum_bt m_bt            every token weighs the same (PPO, DAPO)
+        seq_mean_token_sum   mean_b  sum_t m_bt l_bt                   every token weighs the same, the batch's
+                                                                       size does not matter (Dr. GRPO)
+        seq_mean_token_mean  mean_b (sum_t m_bt l_bt / sum_t m_bt)     every answer weighs the same (GRPO)
+
+    mean_b runs over the rows with at least one real token, so a row whose mask is all 0 (a dropped group)
+    counts for nothing, as if it were not in the batch. No real token at all: 0 (gradient 0). Unknown mode:
+    ValueError.
+    """
+    if mode == "token_mean":
+        return masked_mean(losses, action_mask)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
+    per_row = masked_sum(losses, action_mask, dim=1) if mode == "seq_mean_token_sum" else masked_mean(
+        losses, action_mask, dim=1)
+    has_tokens = (action_mask.sum(dim=1) > 0).to(per_row.dtype)
+    return masked_mean(per_row, has_tokens)
 
 
 def policy_loss(
@@ -23,11 +49,18 @@ def policy_loss(
     advantages: torch.Tensor,
     action_mask: torch.Tensor,
     clip_range: float = 0.2,
+    clip_range_low: float | None = None,
+    clip_range_high: float | None = None,
+    loss_agg_mode: str = "token_mean",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate loss, averaged over all real tokens of the batch.
+    """PPO clipped surrogate loss, averaged over all real tokens of the batch (by default).
 
         ratio_t = exp(logprobs_t - old_logprobs_t)
-        loss    = masked_mean( max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - eps, 1 + eps)) )
+        loss    = masked_mean( max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - eps_low, 1 + eps_high)) )
+
+    eps_low and eps_high are clip_range unless given: a larger eps_high lets the probability of a good but
+    unlikely token grow further in one update (DAPO's clip-higher, Yu et al. 2025). `loss_agg_mode` replaces
+    the masked_mean by another average of `aggregate_loss`.
 
     Stats (detached 0-dim tensors):
       clipfrac   fraction of real tokens where the clipped term is strictly larger, i.e. the clip is active
@@ -40,8 +73,10 @@ def policy_loss(
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-    loss = masked_mean(torch.maximum(unclipped, clipped), action_mask)
+    low = clip_range if clip_range_low is None else clip_range_low
+    high = clip_range if clip_range_high is None else clip_range_high
+    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+    loss = aggregate_loss(torch.maximum(unclipped, clipped), action_mask, loss_agg_mode)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).to(ratio.dtype), action_mask),
@@ -49,6 +84,23 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, action_mask),
         }
     return loss, {name: value.detach() for name, value in stats.items()}
+
+
+def kl_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    action_mask: torch.Tensor,
+    estimator: str = "k3",
+    loss_agg_mode: str = "token_mean",
+) -> torch.Tensor:
+    """The KL to the reference as a term of the policy's loss (GRPO) instead of a penalty in the reward:
+
+        loss = aggregate_loss(kl_penalty(logprobs, ref_logprobs, estimator), action_mask, loss_agg_mode)
+
+    with the gradient flowing through `logprobs` (the current policy's, on tokens sampled from pi_old). Use k3
+    (or k2): the k1 term logprobs - ref_logprobs has the gradient of log pi alone, zero in expectation.
+    """
+    return aggregate_loss(kl_penalty(logprobs, ref_logprobs, estimator), action_mask, loss_agg_mode)
 
 
 def value_loss(

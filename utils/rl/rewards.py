@@ -44,6 +44,21 @@ def compute_rewards(
     return rewards, kl
 
 
+def overlong_fraction(lengths: torch.Tensor, max_length: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025) as a fraction of the full penalty, for answers of
+    `lengths` tokens (EOS included) generated with room for at most `max_length`:
+
+        f = clip((n - (max_length - buffer)) / buffer, 0, 1)
+
+    0 up to max_length - buffer tokens, rising linearly over the last `buffer` tokens to 1 for an answer that
+    fills max_length (one cut at the limit). buffer >= 1 (ValueError otherwise); buffer = 1 punishes only the
+    answers that fill max_length. lengths (B,) -> (B,) float.
+    """
+    if not 1 <= buffer <= max_length:
+        raise ValueError(f"the overlong buffer must be in [1, {max_length}], got {buffer}")
+    return ((lengths - (max_length - buffer)) / buffer).clamp(0.0, 1.0)
+
+
 class RunningMoments:
     """Running mean and standard deviation of every scalar seen so far, for reward normalisation.
 

@@ -69,13 +69,20 @@ def to_device(batch, device):
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def all_reduce_mean(value):
-    """Mean of a scalar tensor over all ranks (the tensor itself on a world of one)."""
+def all_reduce_sum(value):
+    """Sum of a tensor over all ranks, element by element (the tensor itself on a world of one)."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return value
     value = value.detach().clone()
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.SUM)
-    return value / torch.distributed.get_world_size()
+    return value
+
+
+def all_reduce_mean(value):
+    """Mean of a scalar tensor over all ranks (the tensor itself on a world of one)."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return value
+    return all_reduce_sum(value) / torch.distributed.get_world_size()
 
 
 def threads_per_process(num_processes):

@@ -103,6 +103,48 @@ def test_single_node_two_processes_zero3_hybrid_engine_lora_ema(step3_model_dirs
     check_outputs(out, step3_model_dirs, tiny_tokenizer, with_ema=True)
 
 
+def check_critic_free_outputs(out_dir, actor_dir):
+    """actor/ alone (no critic/), moved by training; held-out evaluations in metrics.json."""
+    from transformers import AutoModelForCausalLM
+
+    assert sorted(p.name for p in out_dir.iterdir() if p.is_dir()) == ["actor"]
+    start = AutoModelForCausalLM.from_pretrained(actor_dir).eval()
+    actor = AutoModelForCausalLM.from_pretrained(out_dir / "actor").eval()
+    assert 0 < max_abs_difference(actor, start) < 1.0
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and math.isfinite(metrics["heldout_sampled_end"])
+
+
+def length_reward(tmp_path):
+    """A reward function of the user's: a random actor's answers all get the same score from the built-in
+    checker, so nothing would be learned from it."""
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text("def score(prompts, answers):\n    return [len(answer) % 3 for answer in answers]\n")
+    return f"{reward_file}:score"
+
+
+@pytest.mark.e2e
+def test_single_node_two_processes_zero2_grpo_with_a_reward_function(step3_model_dirs, tmp_path):
+    out = tmp_path / "out"
+    result = run_step3("single_node", (step3_model_dirs[0], ""), 2, 2, out, "--advantage_estimator", "grpo",
+                       "--num_samples_per_prompt", "2", "--reward_fn", length_reward(tmp_path), "--eval_interval", "1",
+                       "--eval_prompts", "4", "--use_kl_loss", "--per_device_training_batch_size", "4")
+    assert "PPO (grpo)" in result.stdout and "8 x 2 rollouts" in result.stdout
+    assert "critic: ZeRO" not in result.stdout and "reward: frozen" not in result.stdout  # neither built
+    assert len(re.findall(r"eval at step \d", result.stdout)) == 3  # before, after step 1 and after step 2
+    check_critic_free_outputs(out, step3_model_dirs[0])
+
+
+@pytest.mark.e2e
+def test_single_node_two_processes_zero3_lora_reinforce_pp(step3_model_dirs, tmp_path):
+    out = tmp_path / "out"
+    result = run_step3("single_node", (step3_model_dirs[0], ""), 3, 3, out, "--advantage_estimator", "reinforce_pp",
+                       "--reward_fn", length_reward(tmp_path), "--actor_lora_dim", "8", "--only_optimize_lora",
+                       "--eval_interval", "2", "--eval_prompts", "4")
+    assert "actor: DeepSpeedEngine, ZeRO-3" in result.stdout
+    check_critic_free_outputs(out, step3_model_dirs[0])
+
+
 @pytest.mark.parametrize("swap, message", [
     ("actor", "is a reward model (step 2 output)"),
     ("critic", "is not a reward model folder"),
@@ -155,6 +197,7 @@ def test_only_optimize_lora_is_accepted_with_an_actor_or_critic_lora_dim():
     ({"critic_warmup_steps": 1, "gradient_accumulation_steps": 2}, (2, 4)),
     ({"generation_batches": 2, "ppo_epochs": 1}, (4, 4)),
     ({"gradient_accumulation_steps": 3}, (2, 2)),
+    ({"num_samples_per_prompt": 4}, (32, 32)),
 ])
 def test_planned_optimizer_steps(extra, expected):
     """(actor, critic) schedule lengths of 2 prompt batches of 4 rows, minibatches of 2, 2 PPO epochs."""

@@ -1,4 +1,5 @@
-"""Unit tests for the RL core's tensor math (utils/rl/: tokens, kl, rewards, advantages, losses).
+"""Unit tests for the RL core's tensor math (utils/rl/: tokens, kl, rewards, advantages, losses), the critic-free
+estimators (GRPO, RLOO, REINFORCE++) and the loss variants (clip-higher, aggregation, the KL loss) included.
 
 Expected numbers are worked out by hand in the comments beside them; random-input tests compare the vectorised
 code with a plain reference loop written independently here.
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from utils.rl.advantages import gae_advantages_and_returns
+from utils.rl.advantages import (gae_advantages_and_returns, grpo_advantages, reinforce_pp_advantages,
+                                 returns_to_go, rloo_advantages, sequence_advantages)
 from utils.rl.kl import AdaptiveKLController, FixedKLController, kl_penalty, make_kl_controller
-from utils.rl.losses import policy_loss, value_loss
-from utils.rl.rewards import RunningMoments, compute_rewards
+from utils.rl.losses import aggregate_loss, kl_loss, policy_loss, value_loss
+from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import (entropy_from_logits, last_token_index, logprobs_from_logits, masked_mean, masked_sum,
                              masked_var, masked_whiten)
 
@@ -536,7 +538,13 @@ def test_functions_do_not_modify_inputs():
     compute_rewards(a, b, scores, mask, 0.1, "k2", reward_clip=0.5)
     gae_advantages_and_returns(a, b, mask, 0.9, 0.9)
     policy_loss(a, b, c, mask)
+    policy_loss(a, b, c, mask, 0.2, 0.1, 0.3, "seq_mean_token_mean")
     value_loss(a, b, c, mask)
+    kl_loss(a, b, mask, "k3", "seq_mean_token_sum")
+    grpo_advantages(a)
+    rloo_advantages(a)
+    reinforce_pp_advantages(a, mask, 0.9)
+    sequence_advantages(scores, mask)
     RunningMoments().update(scores)
 
     for x, copy in zip(inputs, copies):
@@ -551,3 +559,161 @@ def test_make_kl_controller_is_adaptive_when_a_target_is_given():
     assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.2, 3.0, 500.0)
     adaptive.update(6.0, 100)  # KL above target: the coefficient grows
     assert adaptive.value > 0.2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Critic-free advantage estimators
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_grpo_group_of_four_hand_values():
+    # Rewards [1, 0, 0, 1]: mean 0.5, deviations +-0.5, unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3).
+    # GRPO: +-0.5 / (sqrt(1/3) + eps) = +-sqrt(3)/2 = +-0.8660; Dr. GRPO (no std): +-0.5.
+    # A second group [1, 0.5, 0, 0.5]: mean 0.5, std sqrt((0.25 + 0 + 0.25 + 0) / 3) = sqrt(1/6):
+    # [0.5, 0, -0.5, 0] * sqrt(6) = [1.2247, 0, -1.2247, 0]. Groups are normalised separately.
+    scores = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.5, 0.0, 0.5]])
+    h = math.sqrt(3) / 2
+    s6 = math.sqrt(6) / 2
+    close(grpo_advantages(scores, eps=0.0), [[h, -h, -h, h], [s6, 0.0, -s6, 0.0]])
+    close(grpo_advantages(scores), [[h, -h, -h, h], [s6, 0.0, -s6, 0.0]], atol=1e-5)  # eps 1e-6: tiny shrink
+    close(grpo_advantages(scores, std_normalization=False), [[0.5, -0.5, -0.5, 0.5], [0.5, 0.0, -0.5, 0.0]])
+
+
+def test_group_of_equal_rewards_has_zero_advantages_and_no_nan():
+    scores = torch.tensor([[0.7, 0.7, 0.7, 0.7], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    for advantages in (grpo_advantages(scores), grpo_advantages(scores, std_normalization=False),
+                       rloo_advantages(scores)):
+        assert torch.isfinite(advantages).all()
+        close(advantages, torch.zeros(3, 4))
+    close(grpo_advantages(torch.tensor([[3.0], [5.0]])), [[0.0], [0.0]])  # a group of one: 0, not NaN
+
+
+def test_rloo_leave_one_out_hand_values():
+    # [1, 0, 0, 1]: answer 0's baseline is the mean of the others (0 + 0 + 1) / 3 = 1/3 -> 1 - 1/3 = 2/3;
+    # answer 1's: (1 + 0 + 1) / 3 = 2/3 -> 0 - 2/3 = -2/3. Equal to G / (G - 1) (r - mean) = 4/3 * (+-0.5).
+    # [3, 1, 2]: baselines 1.5, 2.5, 2 -> [1.5, -1.5, 0].
+    close(rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]])), [[2 / 3, -2 / 3, -2 / 3, 2 / 3]])
+    close(rloo_advantages(torch.tensor([[3.0, 1.0, 2.0]])), [[1.5, -1.5, 0.0]])
+    with pytest.raises(ValueError):
+        rloo_advantages(torch.tensor([[1.0], [2.0]]))
+
+
+def test_sequence_advantage_broadcast_over_the_action_mask():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    close(sequence_advantages(torch.tensor([0.5, -2.0, 9.0]), mask),
+          [[0.5, 0.5, 0.0], [-2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_returns_to_go_hand_values():
+    # Row [0, 0, 1], gamma 0.5: G = [0.25, 0.5, 1]. Row [0.5, 0, (pad 7)]: G = [0.5, 0, 0] (the pad is ignored).
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    close(returns_to_go(rewards, mask, 0.5), [[0.25, 0.5, 1.0], [0.5, 0.0, 0.0]])
+    close(returns_to_go(rewards, mask), [[1.0, 1.0, 1.0], [0.5, 0.0, 0.0]])
+
+
+def test_reinforce_pp_whitens_returns_over_the_whole_batch():
+    # gamma 1: returns [1, 1, 1] and [0.5, 0] on the 5 real tokens; mean 3.5 / 5 = 0.7; deviations
+    # [0.3, 0.3, 0.3], [-0.2, -0.7]; unbiased variance (3 * 0.09 + 0.04 + 0.49) / 4 = 0.2.
+    # A = deviation / sqrt(0.2): [0.6708, 0.6708, 0.6708], [-0.4472, -1.5652, 0 (pad)].
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    r = math.sqrt(0.2)
+    expected = [[0.3 / r, 0.3 / r, 0.3 / r], [-0.2 / r, -0.7 / r, 0.0]]
+    advantages = reinforce_pp_advantages(rewards, mask)
+    close(advantages, expected, atol=1e-6)
+    # One batch alone is exactly masked_whiten of the returns.
+    assert torch.equal(advantages, masked_whiten(returns_to_go(rewards, mask), mask))
+    # A global batch: another rank holds 5 real tokens whose returns all equal 0.7. batch_sum adds its sums:
+    # (sum, count) + (3.5, 5), and 0 to the sum of squared deviations (its returns sit on the mean). The mean
+    # stays 0.7; the variance becomes 0.8 / 9 instead of 0.8 / 4, so every advantage grows by sqrt(9 / 4).
+    def with_other_rank(tensor):
+        return tensor + torch.tensor([3.5, 5.0]) if tensor.dim() else tensor
+
+    close(reinforce_pp_advantages(rewards, mask, batch_sum=with_other_rank),
+          [[1.5 * x for x in row] for row in expected], atol=1e-5)
+    close(reinforce_pp_advantages(rewards, torch.zeros(2, 3)), torch.zeros(2, 3))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loss variants: clip-higher, aggregation, the KL loss, the overlong penalty
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_policy_loss_clip_higher():
+    # eps_low 0.2, eps_high 0.28: clip(ratio) lies in [0.8, 1.28].
+    #   a: ratio 1.25, A = +1: -1.25 vs -1.25 -> -1.25  (inside: with the symmetric 0.2 it was clipped at -1.2)
+    #   b: ratio 1.4,  A = +1: -1.4  vs -1.28 -> -1.28  (clipped at 1 + eps_high)
+    #   c: ratio 0.7,  A = -1:  0.7  vs  0.8  ->  0.8   (clipped at 1 - eps_low)
+    #   d: ratio 1.4,  A = -1:  1.4  vs  1.28 ->  1.4   (unclipped)
+    # loss = (-1.25 - 1.28 + 0.8 + 1.4) / 4 = -0.0825, clipfrac 2/4. Symmetric 0.2:
+    # (-1.2 - 1.2 + 0.8 + 1.4) / 4 = -0.05, clipfrac 3/4.
+    # Gradient (clip-higher): -A ratio / 4 on a and d: a -1.25/4 = -0.3125, d 1.4/4 = 0.35; 0 on b, c.
+    old = torch.zeros(1, 4)
+    logprobs = torch.tensor([[1.25, 1.4, 0.7, 1.4]]).log().requires_grad_()
+    advantages = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    mask = torch.ones(1, 4)
+    loss, stats = policy_loss(logprobs, old, advantages, mask, 0.2, clip_range_low=0.2, clip_range_high=0.28)
+    close(loss, -0.0825)
+    close(stats["clipfrac"], 0.5)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    close(grad, [[-0.3125, 0.0, 0.0, 0.35]])
+    symmetric, symmetric_stats = policy_loss(logprobs, old, advantages, mask, 0.2)
+    close(symmetric, -0.05)
+    close(symmetric_stats["clipfrac"], 0.75)
+    # Only the low side given: the high side stays at clip_range.
+    low_only, _ = policy_loss(logprobs, old, advantages, mask, 0.2, clip_range_low=0.4)  # c: 0.7 vs 0.6 -> 0.7
+    close(low_only, (-1.2 - 1.2 + 0.7 + 1.4) / 4)
+
+
+def test_loss_aggregation_modes_hand_values():
+    # Rows [1, 2, 3], [4], and one without real tokens (a dropped group), which counts for nothing:
+    #   token_mean            (1 + 2 + 3 + 4) / 4 = 2.5
+    #   seq_mean_token_sum    (6 + 4) / 2 = 5
+    #   seq_mean_token_mean   (2 + 4) / 2 = 3
+    losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 50.0, 50.0], [9.0, 9.0, 9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    close(aggregate_loss(losses, mask, "token_mean"), 2.5)
+    close(aggregate_loss(losses, mask, "seq_mean_token_sum"), 5.0)
+    close(aggregate_loss(losses, mask, "seq_mean_token_mean"), 3.0)
+    # Gradients: token_mean 1/4 per token; seq_mean_token_mean 1/6 per token of row 0, 1/2 for row 1's.
+    (grad,) = torch.autograd.grad(aggregate_loss(losses, mask, "seq_mean_token_mean"), losses)
+    close(grad, [[1 / 6, 1 / 6, 1 / 6], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    for mode in ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"):
+        empty = aggregate_loss(losses, torch.zeros(3, 3), mode)
+        (grad,) = torch.autograd.grad(empty, losses)
+        assert empty.item() == 0.0 and torch.isfinite(grad).all()
+    with pytest.raises(ValueError):
+        aggregate_loss(losses, mask, "sum")
+    # The policy loss at ratio 1 is -aggregate(A): -5 for seq_mean_token_sum with A = the losses above.
+    policy, _ = policy_loss(torch.zeros(3, 3), torch.zeros(3, 3), losses.detach(), mask,
+                            loss_agg_mode="seq_mean_token_sum")
+    close(policy, -5.0)
+
+
+def test_kl_loss_hand_values_and_gradient():
+    # logprobs = ref + ln 2 on every token: r = ref - logprobs = -ln 2.
+    #   k3 = e^r - 1 - r = 0.5 - 1 + ln 2 = 0.19315;  k2 = r^2 / 2 = (ln 2)^2 / 2;  k1 = -r = ln 2.
+    # d k3 / d logprobs = 1 - e^r = 0.5, so the token mean over 3 real tokens gives 0.5 / 3 per token.
+    ref = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
+    logprobs = (ref + LN2).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    loss = kl_loss(logprobs, ref, mask, "k3")
+    close(loss, 0.5 - 1 + LN2)
+    close(kl_loss(logprobs, ref, mask, "k2"), LN2**2 / 2)
+    close(kl_loss(logprobs, ref, mask, "k1"), LN2)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    close(grad, [[0.5 / 3, 0.5 / 3, 0.5 / 3, 0.0]])
+    # At the reference the k3 loss and its gradient are 0.
+    at_ref = ref.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(kl_loss(at_ref, ref, mask), at_ref)
+    close(grad, torch.zeros(1, 4))
+
+
+def test_overlong_fraction_hand_values():
+    # max 12, buffer 4: 0 up to 8 tokens, then (n - 8) / 4: 9 -> 0.25, 10 -> 0.5, 12 -> 1.
+    lengths = torch.tensor([3.0, 8.0, 9.0, 10.0, 12.0])
+    close(overlong_fraction(lengths, 12, 4), [0.0, 0.0, 0.25, 0.5, 1.0])
+    close(overlong_fraction(lengths, 12, 1), [0.0, 0.0, 0.0, 0.0, 1.0])  # only answers that fill the limit
+    with pytest.raises(ValueError):
+        overlong_fraction(lengths, 12, 0)

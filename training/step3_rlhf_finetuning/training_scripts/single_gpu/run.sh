@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Step 3 (PPO), single_gpu deployment.
-# Usage: run.sh ACTOR_PATH CRITIC_PATH|"" [ACTOR_ZERO_STAGE] [CRITIC_ZERO_STAGE] [OUTPUT_DIR] [more main.py flags...]
+
 set -euo pipefail
 STEP_DIR=$(cd "$(dirname "$0")/../.." && pwd)
 source "$STEP_DIR/../launch.sh"

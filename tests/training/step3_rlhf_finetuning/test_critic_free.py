@@ -1,0 +1,256 @@
+"""Step 3 without a critic, on real DeepSpeed engines in this process (a world of one): GRPO, RLOO and REINFORCE++
+experience on answers scored by the built-in task's checker (made-up answers, so every score and advantage is
+known), no critic and no reward model created when none is asked for, groups of equal scores dropped and a
+minibatch left empty not stepped, the KL as a loss term, the reward model and a reward function combined by weight,
+and the held-out evaluation."""
+import copy
+import gc
+import random
+
+import pytest
+import torch
+
+from inference.evaluation import builtin_prompts
+from training.step3_rlhf_finetuning.arguments import parse_args
+from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
+from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
+from utils.data.data_utils import DataCollatorRLHF, SampleCounter, prompt_sample, tokenize_answer
+from utils.rl.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
+from utils.rl.kl import FixedKLController
+from utils.rl.reward_fns import builtin_reward_fn
+from utils.rl.rewards import compute_rewards
+from utils.runtime.ds_utils import resolve_dtype
+from utils.runtime.errors import ChatRLHFError
+
+GROUP = 4
+PROMPTS = [" Human: What is 7 + 12? Assistant:", ' Human: Say "cat" in uppercase. Assistant:']
+# Checker scores: 1 exact, 0.5 near miss (off by one), 0.25 right format only; the second group all exact.
+ANSWERS = [" 19", " 18", " 5", " 19", " CAT", " CAT", " CAT", " CAT"]
+SCORES = [1.0, 0.5, 0.25, 1.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def make_args(actor_dir, critic_dir=None, *extra):
+    critic = ["--critic_model_name_or_path", str(critic_dir)] if critic_dir else []
+    args = parse_args(["--actor_model_name_or_path", str(actor_dir), *critic, "--output_dir", "unused",
+                       "--dtype", "fp32", "--advantage_estimator", "grpo", "--reward_fn", "builtin",
+                       "--num_samples_per_prompt", str(GROUP), "--per_device_generation_batch_size", "2",
+                       "--per_device_training_batch_size", "4", "--max_prompt_seq_len", "32",
+                       "--max_answer_seq_len", "8", "--num_warmup_steps", "0", "--lr_scheduler_type", "constant",
+                       *extra])
+    args.dtype = resolve_dtype(args.dtype)
+    return args
+
+
+def build_engine(actor_dir, critic_dir, tokenizer, *extra):
+    args = make_args(actor_dir, critic_dir, *extra)
+    return DeepSpeedRLHFEngine(str(actor_dir), str(critic_dir) if critic_dir else None, tokenizer, args,
+                               actor_steps=10, critic_steps=10, world_size=1)
+
+
+def make_trainer(engine, function=builtin_reward_fn, **overrides):
+    """A trainer with the reward function `function` and `overrides` of the engine's arguments."""
+    args = copy.copy(engine.args)
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return PPOTrainer(engine, args, function)
+
+
+@pytest.fixture(scope="module")
+def engine(distributed, step3_model_dirs, tiny_tokenizer):
+    """Critic-free, reward function only: no critic, no reward model."""
+    engine = build_engine(step3_model_dirs[0], None, tiny_tokenizer)
+    yield engine
+    del engine
+    gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def actor_put_back(engine):
+    """Each test starts from the step-1 weights (the actor equal to the reference), whatever the last trained."""
+    saved = params(engine.actor.module)
+    yield
+    with torch.no_grad():
+        for name, param in engine.actor.module.named_parameters():
+            param.copy_(saved[name])
+
+
+def prompt_batch(tokenizer):
+    """The two task prompts as step 3's data set and collator give them (ids left-padded, and the texts)."""
+    samples = [prompt_sample(tokenizer, prompt, 32, SampleCounter("prompts")) for prompt in PROMPTS]
+    batch = DataCollatorRLHF(tokenizer.pad_token_id)(samples)
+    assert batch["prompt_text"] == PROMPTS
+    return batch["prompt"], batch["prompt_att_mask"], batch["prompt_text"]
+
+
+def fake_answers(trainer, tokenizer, answers=ANSWERS):
+    """Make `trainer` answer the (repeated) prompts with these texts instead of sampling."""
+    ids = [tokenize_answer(tokenizer, answer) for answer in answers]
+    width = max(len(row) for row in ids)
+    padded = torch.tensor([row + [tokenizer.pad_token_id] * (width - len(row)) for row in ids])
+
+    def generate(prompts, prompt_mask):
+        assert prompts.shape[0] == len(answers)
+        return torch.cat([prompts, padded], 1)
+
+    trainer.generate_sequence = generate
+
+
+def params(module):
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def changed(before, module):
+    return {name for name, p in module.named_parameters() if not torch.equal(before[name], p.detach())}
+
+
+def test_critic_free_estimators_create_no_critic_and_no_reward_model_without_one(engine, step3_model_dirs,
+                                                                              tiny_tokenizer):
+    assert engine.critic is None and engine.reward is None
+    assert engine.actor is not None and engine.ref is not None
+    with_reward_model = build_engine(*step3_model_dirs, tiny_tokenizer)
+    assert with_reward_model.critic is None and with_reward_model.reward is not None
+    del with_reward_model
+    gc.collect()
+
+
+def test_grpo_experience_on_the_checkers_scores(engine, tiny_tokenizer):
+    trainer = make_trainer(engine, use_kl_loss=True)  # no KL in the reward: the sequence reward is the score
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    fake_answers(trainer, tiny_tokenizer)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    rows = len(ANSWERS)
+    assert exp.seq.shape[0] == rows and exp.values is None and exp.returns is None
+    # Each prompt repeated GROUP times in a row.
+    assert all(torch.equal(exp.seq[i, :exp.prompt_len], prompts[i // GROUP]) for i in range(rows))
+    assert exp.stats["score"] == pytest.approx(sum(SCORES) / rows)
+    assert exp.stats["reward"] == pytest.approx(sum(SCORES) / rows)
+    assert exp.stats["zero_variance_groups"] == 1  # the CAT group
+    # [1, 0.5, 0.25, 1]: mean 0.6875, advantages (r - mean) / std; the equal group gets 0 everywhere.
+    expected = grpo_advantages(torch.tensor(SCORES).view(-1, GROUP)).reshape(-1)
+    assert expected[:GROUP].abs().min() > 0.1
+    torch.testing.assert_close(exp.advantages, expected.unsqueeze(1) * exp.action_mask, atol=1e-6, rtol=0)
+    # The answers' tokens and EOS: " 19" is 3 tokens, " 5" 2, " CAT" 3.
+    assert exp.action_mask.sum(1).tolist() == [4.0, 4.0, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+
+
+def test_dr_grpo_and_rloo_advantages(engine, tiny_tokenizer):
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    groups = torch.tensor(SCORES).view(-1, GROUP)
+    for overrides, expected in (({"no_std_normalization": True}, grpo_advantages(groups, False)),
+                                ({"advantage_estimator": "rloo"}, rloo_advantages(groups))):
+        trainer = make_trainer(engine, use_kl_loss=True, **overrides)
+        fake_answers(trainer, tiny_tokenizer)
+        exp = trainer.generate_experience(prompts, prompt_mask, texts)
+        torch.testing.assert_close(exp.advantages[:, 0], expected.reshape(-1), atol=1e-6, rtol=0)
+
+
+def test_group_reward_includes_the_kl_penalty_unless_the_kl_is_a_loss(engine, tiny_tokenizer):
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, kl_coef=0.5)
+    trainer.kl_controller = FixedKLController(0.5)
+    fake_answers(trainer, tiny_tokenizer)
+    with torch.no_grad():  # move the actor off the reference so the KL is not 0
+        generator = torch.Generator().manual_seed(4)
+        for param in engine.actor.module.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    _, kl = compute_rewards(exp.logprobs, exp.ref_logprobs, torch.zeros(len(ANSWERS)), exp.action_mask, 0.0)
+    assert kl.sum(1).abs().max() > 1e-3
+    sequence_rewards = torch.tensor(SCORES) - 0.5 * kl.sum(1)
+    expected = grpo_advantages(sequence_rewards.view(-1, GROUP)).reshape(-1)
+    torch.testing.assert_close(exp.advantages[:, 0], expected, atol=1e-5, rtol=0)
+    assert exp.stats["reward"] == pytest.approx(exp.stats["score"] - 0.5 * exp.stats["kl"], abs=1e-5)
+    no_kl_reward = make_trainer(engine, kl_coef=0.5, use_kl_loss=True)
+    fake_answers(no_kl_reward, tiny_tokenizer)
+    assert no_kl_reward.generate_experience(prompts, prompt_mask, texts).stats["reward"] == pytest.approx(
+        exp.stats["score"])
+
+
+def test_reinforce_pp_whitens_the_returns_over_the_batch(engine, tiny_tokenizer):
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, advantage_estimator="reinforce_pp", kl_coef=0.2)
+    trainer.kl_controller = FixedKLController(0.2)
+    fake_answers(trainer, tiny_tokenizer)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    rewards, _ = compute_rewards(exp.logprobs, exp.ref_logprobs, torch.tensor(SCORES), exp.action_mask, 0.2)
+    expected = reinforce_pp_advantages(rewards, exp.action_mask)
+    torch.testing.assert_close(exp.advantages, expected, atol=1e-6, rtol=0)
+    real = exp.advantages[exp.action_mask > 0]
+    assert abs(real.mean().item()) < 1e-5 and real.std().item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_filter_zero_variance_drops_equal_groups_and_skips_an_empty_minibatch(engine, tiny_tokenizer):
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, filter_zero_variance=True, use_kl_loss=True)
+    fake_answers(trainer, tiny_tokenizer)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    assert exp.stats["zero_variance_groups"] == 1
+    assert exp.action_mask[:GROUP].sum(1).min() > 0 and (exp.action_mask[GROUP:] == 0).all()
+    assert (exp.attention_mask[GROUP:, exp.prompt_len:].sum(1) > 0).all()  # still attended to, just not trained
+    before = params(engine.actor.module)
+    first, second = exp.split(GROUP)
+    assert trainer.train_rlhf(second) == {"skipped_minibatches": 1.0}  # the CAT group alone: nothing to learn
+    assert not changed(before, engine.actor.module)
+    stats = trainer.train_rlhf(first)
+    assert stats["skipped_minibatches"] == 0.0 and "actor_loss" in stats and "kl_loss" in stats
+    assert changed(before, engine.actor.module)
+    round_stats = trainer.train_round([exp], None, random.Random(0), train_actor=True)
+    assert round_stats["skipped_minibatches"] == 0.5 and "actor_loss" in round_stats
+
+
+def test_reward_model_and_reward_function_combined_by_weight(distributed, step3_model_dirs, tiny_tokenizer):
+    engine = build_engine(*step3_model_dirs, tiny_tokenizer, "--reward_model_weight", "0.5", "--reward_fn_weight",
+                          "2.0")
+    trainer = make_trainer(engine, use_kl_loss=True)
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    fake_answers(trainer, tiny_tokenizer)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    with torch.no_grad():
+        _, model_scores = engine.reward.module.forward_value(exp.seq, exp.attention_mask)
+    stats = exp.stats
+    assert stats["reward_fn_score"] == pytest.approx(sum(SCORES) / len(SCORES))
+    assert stats["reward_model_score"] == pytest.approx(model_scores.mean().item(), abs=1e-6)
+    assert stats["score"] == pytest.approx(0.5 * stats["reward_model_score"] + 2.0 * stats["reward_fn_score"],
+                                           abs=1e-6)
+    expected = grpo_advantages((0.5 * model_scores + 2.0 * torch.tensor(SCORES)).view(-1, GROUP)).reshape(-1)
+    torch.testing.assert_close(exp.advantages[:, 0], expected, atol=1e-5, rtol=0)
+    del engine, trainer
+    gc.collect()
+
+
+def test_a_failing_reward_function_stops_with_its_name(engine, tiny_tokenizer):
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+
+    def short(prompts, answers):
+        return [0.0] * (len(answers) - 1)
+
+    trainer = make_trainer(engine, short, reward_fn="mine.py:short")
+    fake_answers(trainer, tiny_tokenizer)
+    with pytest.raises(ChatRLHFError, match=r"--reward_fn mine.py:short returned 7 values for 8 answers"):
+        trainer.generate_experience(prompts, prompt_mask, texts)
+
+
+def test_kl_loss_term_is_added_to_the_actor_loss(engine, tiny_tokenizer):
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, use_kl_loss=True, kl_loss_coef=0.5)
+    fake_answers(trainer, tiny_tokenizer)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    first = exp.split(GROUP)[0]
+    stats = trainer.train_rlhf(first)  # at the reference: the KL loss is 0
+    assert stats["kl_loss"] == pytest.approx(0.0, abs=1e-10)
+    again = trainer.train_rlhf(first)  # one step away from it: > 0 (k3 >= 0)
+    assert again["kl_loss"] > 1e-8
+
+
+def test_evaluate_scores_held_out_prompts_and_leaves_random_state_and_mode(engine):
+    trainer = make_trainer(engine)
+    prompts = builtin_prompts()[:8]
+    state = torch.get_rng_state()
+    scores = trainer.evaluate(prompts)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert engine.actor.module.training
+    assert set(scores) == {"sampled", "greedy"}
+    for values in scores.values():
+        assert {"all", "add", "reverse", "capital", "upper", "reward"} <= set(values)
+        assert 0.0 <= values["all"] <= 1.0 and values["reward"] == pytest.approx(values["all"])
+    assert trainer.evaluate(prompts) == scores  # the same weights and seed: the same answers

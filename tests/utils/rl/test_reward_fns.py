@@ -1,0 +1,113 @@
+"""Reward functions (utils/rl/reward_fns.py): the built-in checker, the registry, functions imported from a module
+or a file of the user's, and the checks on every call (an error naming the function, never a wrong reward)."""
+import math
+import sys
+
+import pytest
+import torch
+
+from utils.rl import reward_fns
+from utils.rl.reward_fns import REWARD_FNS, builtin_reward_fn, call_reward_fn, load_reward_fn
+from utils.runtime.errors import ChatRLHFError, ConfigError
+
+PROMPTS = [" Human: What is 7 + 12? Assistant:", ' Human: Reverse the word "cat". Assistant:',
+           " Human: What is the capital of France? Assistant:"]
+
+
+def test_builtin_is_the_task_checker():
+    assert load_reward_fn("builtin") is builtin_reward_fn
+    # exact, near miss (an anagram), near miss (another capital); trailing text, exact, several words
+    assert builtin_reward_fn(PROMPTS, [" 19", " act", " Rome"]) == [1.0, 0.5, 0.5]
+    assert builtin_reward_fn(PROMPTS, ["19 Human:", "tac", " Bread and"]) == [0.0, 1.0, 0.0]
+
+
+def test_a_registered_name_gets_the_run_arguments(monkeypatch):
+    seen = []
+
+    def factory(args):
+        seen.append(args)
+        return lambda prompts, answers: [len(a) for a in answers]
+
+    monkeypatch.setitem(REWARD_FNS, "lengths", factory)
+    function = load_reward_fn("lengths", args="the args")
+    assert seen == ["the args"] and function([], ["ab", "c"]) == [2, 1]
+
+
+def test_function_from_a_module_on_the_working_directory_and_from_a_file(tmp_path, monkeypatch):
+    package = tmp_path / "my_rewards"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "scoring.py").write_text("def by_length(prompts, answers):\n    return [len(a) for a in answers]\n")
+    (tmp_path / "loose.py").write_text("def shout(prompts, answers):\n    return [a.isupper() for a in answers]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
+    monkeypatch.delitem(sys.modules, "my_rewards.scoring", raising=False)
+    assert load_reward_fn("my_rewards.scoring:by_length")(["p"], ["abc"]) == [3]
+    assert load_reward_fn(f"{tmp_path}/loose.py:shout")(["p", "p"], ["YES", "no"]) == [True, False]
+    assert load_reward_fn("loose.py:shout")(["p"], ["A"]) == [True]  # relative to the working directory
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nonsense", "--reward_fn 'nonsense' is neither a known name (builtin"),
+    ("no_such_module_anywhere:f", "--reward_fn no_such_module_anywhere:f: cannot import no_such_module_anywhere: "
+                                  "ModuleNotFoundError"),
+    ("math:no_such_function", "--reward_fn math:no_such_function: math has no function 'no_such_function'"),
+    ("math:pi", "math has no function 'pi'"),  # not callable
+    ("missing.py:f", "--reward_fn missing.py:f: the file missing.py does not exist"),
+    ("broken.py:f", "--reward_fn broken.py:f: cannot import broken.py: ZeroDivisionError: division by zero"),
+    ("mod:", "is neither a known name"),
+])
+def test_a_reward_fn_that_cannot_be_loaded_is_one_config_error(spec, message, tmp_path, monkeypatch):
+    (tmp_path / "broken.py").write_text("1 / 0\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        load_reward_fn(spec)
+    assert message in str(error.value)
+
+
+def test_call_reward_fn_returns_float32_scores():
+    scores = call_reward_fn(builtin_reward_fn, "builtin", PROMPTS, [" 19", " tac", " Paris"])
+    assert scores.dtype == torch.float32 and scores.tolist() == [1.0, 1.0, 1.0]
+    # numpy-ish and tensor values are numbers too
+    assert call_reward_fn(lambda p, a: torch.tensor([0.5, 2.0]), "t", ["a", "b"], ["x", "y"]).tolist() == [0.5, 2.0]
+
+
+def raises(prompts, answers):
+    raise KeyError("no score for this prompt")
+
+
+@pytest.mark.parametrize("function, message", [
+    (raises, "the reward function --reward_fn mine:f raised KeyError: 'no score for this prompt'"),
+    (lambda p, a: [1.0], "the reward function --reward_fn mine:f returned 1 values for 2 answers"),
+    (lambda p, a: [1.0, math.nan], "the reward function --reward_fn mine:f returned nan for answer 1"),
+    (lambda p, a: [math.inf, 0.0], "returned inf for answer 0"),
+    (lambda p, a: None, "the reward function --reward_fn mine:f did not return a list of numbers"),
+    (lambda p, a: ["good", "bad"], "did not return a list of numbers"),
+])
+def test_a_bad_reward_is_an_error_naming_the_function(function, message):
+    with pytest.raises(ChatRLHFError) as error:
+        call_reward_fn(function, "mine:f", ["p1", "p2"], ["a1", "a2"])
+    assert message in str(error.value)
+
+
+def test_the_builtin_checker_on_a_prompt_of_another_task_is_an_error_naming_it():
+    with pytest.raises(ChatRLHFError, match=r"--reward_fn builtin raised ValueError: .*Tell me a joke"):
+        call_reward_fn(reward_fns.builtin_reward_fn, "builtin", [" Human: Tell me a joke. Assistant:"], [" no"])
+
+
+def test_reasoning_gym_reward_fn_is_the_verifier_of_the_runs_spec():
+    pytest.importorskip("reasoning_gym")
+    from types import SimpleNamespace
+
+    from utils.data.reasoning_gym_data import gym_data
+    from utils.rl.reward_fns import load_reward_fn
+
+    spec = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&size=30"
+    reward_fn = load_reward_fn("reasoning_gym", SimpleNamespace(data_path=["builtin", spec]))
+    items = gym_data(spec).parts["train"][:3]
+    right = reward_fn([item.prompt for item in items], [f" {item.answer}" for item in items])
+    wrong = reward_fn([item.prompt for item in items], [" 123456789" for _ in items])
+    assert right == [1.0, 1.0, 1.0] and max(wrong) < 1.0
+    with pytest.raises(ConfigError, match="one --data_path reasoning_gym:<task>... spec, but --data_path gives 0"):
+        load_reward_fn("reasoning_gym", SimpleNamespace(data_path=["builtin"]))

@@ -1,0 +1,119 @@
+"""Reward functions: programs that score answers (a checker of the right answer, a format rule...), beside or
+instead of a learned reward model.
+
+A reward function is called on two lists of the same length and returns one finite number per answer:
+
+    reward_fn(prompts: list[str], answers: list[str]) -> list[float]
+
+prompts are the data set's prompts as written there (DeepSpeed-Chat's `" Human: ... Assistant:"`, not the
+model's chat template), answers the generated text up to the first EOS, decoded without special tokens.
+
+`--reward_fn SPEC` names one:
+    builtin                     the built-in task's checker `utils.builtin.task.score_answer` (1 exact, 0.5 near
+                                miss, 0.25 right format only, 0 otherwise)
+    reasoning_gym               the verifier of the run's `--data_path reasoning_gym:...` tasks, in [0, 1]
+    NAME                        any other name of REWARD_FNS (a source that registers itself, below)
+    package.module:function     a function imported from the user's path (the working directory first)
+    path/to/file.py:function    a function of a Python file
+
+A source registers a reward function with one line here, a factory that gets step 3's arguments:
+
+    REWARD_FNS["my_source"] = lambda args: my_reward_fn
+
+Every call is checked (`call_reward_fn`): a function that raises, returns a wrong number of values, or a value
+that is not a finite number stops the run with one `error:` line naming the function.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from utils.runtime.errors import ChatRLHFError, ConfigError
+
+
+def builtin_reward_fn(prompts, answers):
+    """The built-in task's checker on each (prompt, answer): a score in [0, 1]."""
+    from utils.builtin.task import score_answer
+
+    return [score_answer(prompt, answer) for prompt, answer in zip(prompts, answers)]
+
+
+def reasoning_gym_reward_fn(args):
+    """The verifier of the run's reasoning-gym data (`--data_path reasoning_gym:...`): each task's `score_answer`
+    on the answer to the question the prompt asks, in [0, 1]."""
+    from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
+
+    specs = [path for path in getattr(args, "data_path", None) or [] if path.startswith("reasoning_gym:")]
+    if len(specs) != 1:
+        raise ConfigError("--reward_fn reasoning_gym scores the questions of one --data_path reasoning_gym:<task>... "
+                          f"spec, but --data_path gives {len(specs)}")
+    return verifier_of(specs[0])
+
+
+REWARD_FNS = {
+    "builtin": lambda args: builtin_reward_fn,
+    "reasoning_gym": reasoning_gym_reward_fn,
+}
+"""Reward-function sources by name: NAME -> factory(args) -> reward_fn."""
+
+
+def _import_function(spec):
+    """The function `module:function` or `file.py:function` names; ConfigError naming the spec otherwise."""
+    location, _, attribute = spec.rpartition(":")
+    if not location or not attribute:
+        raise ConfigError(f"--reward_fn {spec!r} is neither a known name ({', '.join(sorted(REWARD_FNS))}) nor "
+                          "package.module:function or path/to/file.py:function")
+    try:
+        if location.endswith(".py"):
+            path = Path(location)
+            if not path.is_file():
+                raise ConfigError(f"--reward_fn {spec}: the file {location} does not exist")
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(location)
+    except ChatRLHFError:
+        raise
+    except Exception as err:  # the user's module failed to import: say which and why, in one line
+        raise ConfigError(f"--reward_fn {spec}: cannot import {location}: {type(err).__name__}: {err}") from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ConfigError(f"--reward_fn {spec}: {location} has no function {attribute!r}")
+    return function
+
+
+def load_reward_fn(spec, args=None):
+    """The reward function `spec` names (see the module's docstring); ConfigError naming it if there is none."""
+    if spec in REWARD_FNS:
+        return REWARD_FNS[spec](args)
+    return _import_function(spec)
+
+
+def call_reward_fn(reward_fn, name, prompts, answers):
+    """reward_fn(prompts, answers) as a float32 tensor (B,), checked: ChatRLHFError naming the function (`name`,
+    as given to --reward_fn) if it raises, returns something other than one number per answer, or a value that
+    is not finite."""
+    what = f"the reward function --reward_fn {name}"
+    try:
+        values = reward_fn(list(prompts), list(answers))
+    except Exception as err:
+        raise ChatRLHFError(f"{what} raised {type(err).__name__}: {err}") from None
+    try:
+        values = [float(value) for value in values]
+    except (TypeError, ValueError) as err:
+        raise ChatRLHFError(f"{what} did not return a list of numbers ({err})") from None
+    if len(values) != len(answers):
+        raise ChatRLHFError(f"{what} returned {len(values)} values for {len(answers)} answers")
+    for index, value in enumerate(values):
+        if not math.isfinite(value):
+            raise ChatRLHFError(f"{what} returned {value} for answer {index}: rewards must be finite numbers")
+    return torch.tensor(values, dtype=torch.float32)
