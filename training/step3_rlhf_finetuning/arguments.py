@@ -82,6 +82,10 @@ def parse_args(argv=None):
     # PPO
     add("--temperature", type=float, default=1.0, help="Sampling temperature of rollouts and of their log-probs.")
     add("--top_p", type=float, default=1.0, help="Nucleus sampling of rollouts.")
+    add("--generation_backend", type=str, default="native", choices=("native", "hf"),
+        help="Rollout sampler: native (inference/sampling.py: a KV-cache loop that drops finished rows, runs a "
+             "shared prompt prefix once and draws one uniform per row; faster on CPU) or hf (Hugging Face "
+             "generate). Models whose forward takes no position_ids always use hf.")
     add("--kl_coef", type=float, default=0.1, help="KL penalty coefficient (initial value if adaptive).")
     add("--kl_estimator", type=str, default="k1", choices=("k1", "k2", "k3"))
     add("--adaptive_kl_target", type=float, default=0.0,

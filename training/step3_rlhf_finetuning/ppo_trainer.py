@@ -18,6 +18,7 @@ import time
 import torch
 
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
+from inference.sampling import sample, supports_native_sampling
 from utils.model.model_utils import model_forward_kwargs
 from utils.model.reward_model import score_answers
 from utils.rl.advantages import (gae_advantages_and_returns, grpo_advantages, reinforce_pp_advantages,
@@ -58,8 +59,13 @@ class PPOTrainer:
 
     def generate_sequence(self, prompts, prompt_mask):
         """Sampled answers (temperature, top-p, nothing else, whatever the model's generation_config says):
-        (B, P + A) token ids; A <= max_answer_seq_len."""
+        (B, P + A) token ids; A <= max_answer_seq_len. `--generation_backend native` samples with
+        `inference.sampling.sample` (same distribution and layout, faster), `hf` with Hugging Face `generate`."""
         args = self.args
+        if args.generation_backend == "native" and supports_native_sampling(self.actor.module):
+            return sample(self.actor.module, prompts, prompt_mask, args.max_answer_seq_len, args.temperature,
+                          args.top_p, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+                          synced=self.zero3_generation)
         with torch.no_grad():
             seq = self.actor.module.generate(
                 input_ids=prompts, attention_mask=prompt_mask, max_new_tokens=args.max_answer_seq_len,

@@ -1,6 +1,6 @@
 """Tests of step 3's RLHF engine with real DeepSpeed engines in this process (a world of one): the four models at
 ZeRO stages 0, 2 and 3, with and without the hybrid engine (native generate on CPU, greedy output equal to plain
-Hugging Face), LoRA, the EMA copy (exact lerp update, kept after a ZeRO-3 gather ends) and an offloaded reference.
+Hugging Face, and so is inference/sampling.py's at a near-zero temperature), LoRA, the EMA copy (exact lerp update, kept after a ZeRO-3 gather ends) and an offloaded reference.
 
 The step-1 and step-2 folders come from the session fixture `step3_model_dirs` (tests/conftest.py); their configs
 carry dropout 0.1, which the engine must switch off."""
@@ -13,6 +13,7 @@ from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from inference.sampling import sample
 from training.step3_rlhf_finetuning.arguments import parse_args
 from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
@@ -99,6 +100,11 @@ def test_engine_at_each_zero_stage_generates_as_plain_hf(distributed, step3_mode
     expected = greedy(plain, prompts, mask, tiny_tokenizer)
     assert ours.shape[1] > prompts.shape[1]
     assert torch.equal(ours, expected)
+    # The native rollout sampler on the engine's module (ZeRO-3: partitioned parameters gathered by its hooks),
+    # near-greedy at a tiny temperature, returns the same sequences.
+    native = sample(engine.actor.module, prompts, mask, 8, temperature=1e-4, eos_token_id=tiny_tokenizer.eos_token_id,
+                    pad_token_id=tiny_tokenizer.pad_token_id)
+    assert torch.equal(native, expected)
 
 
 def snapshot(module):
