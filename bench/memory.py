@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from bench.worker import RESULT_PREFIX
-from utils.utils import free_port
+from utils.runtime.dist import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # A worker must start its own world, not join the bench's (a world of one it started in this process).
@@ -30,30 +30,39 @@ def worker_command(step, model, zero_stage, processes, steps):
             *flags]
 
 
-def worker_env():
-    env = {key: value for key, value in os.environ.items() if key not in RENDEZVOUS_VARIABLES}
-    env["OMP_NUM_THREADS"] = "1"
+def worker_env(omp=None):
+    """This process's environment without its rendezvous, with the OpenMP variables `omp` (default one thread)
+    in place of this process's own."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in RENDEZVOUS_VARIABLES and not key.startswith(("OMP_", "GOMP_"))}
+    env.update({"OMP_NUM_THREADS": "1"} if omp is None else omp)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
-def start_worker(config):
-    """Start the processes of one configuration (a dict: step, model, zero_stage, processes, steps)."""
+def start_worker(config, omp=None):
+    """Start the processes of one configuration (a dict: step, model, zero_stage, processes, steps), with the
+    OpenMP variables `omp` (default one thread)."""
     command = worker_command(config["step"], config["model"], config["zero_stage"], config["processes"],
                              config["steps"])
-    return subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(command, cwd=ROOT, env=worker_env(omp), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def worker_result(process, config):
+    """Wait for a worker; the dict of its result line (peak_rss_mb per rank, step_seconds, threads)."""
+    output, _ = process.communicate(timeout=WORKER_TIMEOUT_S)
+    for line in output.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    tail = "\n".join(output.splitlines()[-15:])
+    raise RuntimeError(f"bench worker {config} failed (exit {process.returncode}):\n{tail}")
 
 
 def finish_worker(process, config):
     """Wait for a configuration's processes; its peak RSS in MiB (max over ranks) and each rank's."""
-    output, _ = process.communicate(timeout=WORKER_TIMEOUT_S)
-    for line in output.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            per_rank = tuple(json.loads(line[len(RESULT_PREFIX):])["peak_rss_mb"])  # a tuple: not summarised
-            return {"peak_rss_mb": max(per_rank), "per_rank_mb": per_rank}
-    tail = "\n".join(output.splitlines()[-15:])
-    raise RuntimeError(f"memory worker {config} failed (exit {process.returncode}):\n{tail}")
+    per_rank = tuple(worker_result(process, config)["peak_rss_mb"])  # a tuple: not summarised
+    return {"peak_rss_mb": max(per_rank), "per_rank_mb": per_rank}
 
 
 def measure_memory(configs):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from utils.model_utils import load_tokenizer, resolve_model_path
-from utils.paths import build_once, cache_dir
+from utils.model.model_utils import load_tokenizer, resolve_model_path
+from utils.runtime.paths import build_once, cache_dir
 
 # Llama's proportions (SwiGLU width 8h/3), so the Megatron FLOP formula the MFU uses (12 h^2 weights per layer)
 # counts this model's matmuls exactly. 12 x 7.08M in the blocks + 12.6M tied embeddings = 97.5M parameters.
@@ -50,8 +50,8 @@ def reward_model_path(actor_path):
 
 
 def _build_reward_model(actor_path, out_dir):
-    from utils.reward_model import RewardModel
-    from utils.save import save_hf_model
+    from utils.model.reward_model import RewardModel
+    from utils.model.save import save_hf_model
 
     tokenizer = load_tokenizer(actor_path)
     torch.manual_seed(1)

@@ -1,17 +1,20 @@
 """Benchmark chatrlhf on this machine in one run, print a table and write the figures as JSON.
 
     python -m bench                      # the full bench (~10 min on 2 cores)
-    python -m bench --quick              # a smoke run: tiny model only, one repeat (~1 min)
+    python -m bench --quick              # a smoke run: tiny model only, few repeats (~1-2 min)
     python -m bench --output out.json --repeats 7
+    python -m bench --sections threads   # threads and OpenMP wait policy, quiet and beside a busy process
 
 Measured, each as min / median / max over repeats after a warm-up (ratios pair by pair, ours and the baseline
-alternated, since a shared machine is noisy):
-  1. step 1 training tokens/s: our DeepSpeed engine against a bare PyTorch loop (tiny; ~100M Llama in bf16);
+alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks here (bf16 only with native bf16):
+  1. step 1 training tokens/s: our DeepSpeed engine against a bare PyTorch loop (tiny; a ~100M Llama);
   2. step 3 rollout tokens/s: `PPOTrainer.generate_sequence` against plain Hugging Face `generate`;
   3. a PPO step on the tiny model: generation, experience forward passes, training, other; samples/s;
   4. MFU: step 1's FLOP/s (DeepSpeed-Chat's formula) over the peak of a large matmul in the same dtype, measured
-     just before each run;
-  5. peak RSS of step 1 and step 3, and of step 1 at ZeRO 0/1/2/3 with one and two processes.
+     just before each run (the peaks of fp32 and bf16 are both reported);
+  5. peak RSS of step 1 and step 3, and of step 1 at ZeRO 0/1/2/3 with one and two processes;
+  6. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
+     process, by thread count and OpenMP wait policy, and with what utils.threads picks.
 """
 import argparse
 import json
@@ -20,29 +23,33 @@ import platform
 import time
 from pathlib import Path
 
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import torch
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
 SECTIONS = ("step1", "rollout", "ppo", "memory")
-TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_bf16": 0.4}
+OPT_IN_SECTIONS = ("threads",)
+TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_100m": 0.4, "busy_slowdown": 2.5}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="Smoke run: the tiny model only, one repeat, two memory runs (step 1, one and two "
-                             "processes) started together.")
+                        help="Smoke run: the tiny model only, 3 short repeats, two memory runs (step 1, one and "
+                             "two processes) started together.")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="Where the JSON goes.")
-    parser.add_argument("--repeats", type=int, default=None, help="Timed repeats (default 7; 1 with --quick).")
-    parser.add_argument("--warmup", type=int, default=None, help="Untimed runs before the timed ones (default 1; "
-                                                                 "0 with --quick).")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="Timed repeats (default 7; 3 with --quick; the threads section runs min(repeats, 2) "
+                             "rounds).")
+    parser.add_argument("--warmup", type=int, default=None, help="Untimed runs before the timed ones (default 1).")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the timed sections.")
     parser.add_argument("--models", nargs="+", default=None, choices=("tiny", "llama-100m"),
                         help="Models of step 1 and the MFU (default both; tiny with --quick).")
-    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS + OPT_IN_SECTIONS)
     args = parser.parse_args(argv)
-    args.repeats = args.repeats or (1 if args.quick else 7)
-    args.warmup = (0 if args.quick else 1) if args.warmup is None else args.warmup
+    args.repeats = args.repeats or (3 if args.quick else 7)
+    args.warmup = 1 if args.warmup is None else args.warmup
     args.models = args.models or (["tiny"] if args.quick else ["tiny", "llama-100m"])
     return args
 
@@ -51,20 +58,24 @@ def main(argv=None):
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
-    from utils.utils import init_distributed, quiet_transformers
+    from utils.runtime.dist import init_distributed, quiet_transformers
 
     init_distributed()
     quiet_transformers()
     start = time.time()
     results = {"machine": machine_info(args), "settings": vars(args).copy()}
     memory = start_memory(args) if "memory" in args.sections and args.quick else None
-    results["peak_matmul_flops"] = measure_peaks(args)
+    results["peak_matmul_flops"], results["peak_matmul_size"] = measure_peaks(args)
     if "step1" in args.sections:
         results["step1"], results["mfu"] = run_step1(args)
     if "rollout" in args.sections or "ppo" in args.sections:
         results.update(run_step3(args))
     if "memory" in args.sections:
         results["memory"] = finish_memory(memory) if memory else run_memory(args)
+    if "threads" in args.sections:
+        from bench.threads import measure_threads
+
+        results["threads"] = measure_threads(repeats=min(args.repeats, 2))
     results["machine"]["load_average_end"] = os.getloadavg()
     results["wall_time_s"] = time.time() - start
     from bench.measure import summarize_tree
@@ -81,19 +92,23 @@ def machine_info(args):
     import deepspeed
     import transformers
 
-    return {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-            "load_average_start": os.getloadavg(), "threads": args.threads, "torch": torch.__version__,
-            "deepspeed": deepspeed.__version__, "transformers": transformers.__version__}
+    from utils.runtime.ds_utils import read_cpuinfo, training_dtype
+
+    dtype, why = training_dtype("auto")
+    models = [line.partition(":")[2].strip() for line in read_cpuinfo().splitlines() if line.startswith("model name")]
+    return {"cpus": os.cpu_count(), "cpu_model": models[0] if models else platform.processor() or platform.machine(),
+            "dtype": dtype, "dtype_why": why, "load_average_start": os.getloadavg(), "threads": args.threads,
+            "torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": transformers.__version__}
 
 
 def measure_peaks(args):
-    """FLOP/s of a large matmul in fp32 and in bf16, on their own (the MFU divides by the one measured just before
-    each training run)."""
-    from bench.measure import peak_matmul_flops
+    """FLOP/s of a matmul in fp32 and in bf16 on their own, and the matrix size of each (`matmul_size`: smaller
+    where the CPU has no kernels for the dtype); the MFU divides by the one measured just before each run."""
+    from bench.measure import matmul_size, peak_matmul_flops
 
-    repeats = args.repeats if args.quick else max(3, args.repeats)
-    return {"fp32": peak_matmul_flops(torch.float32, repeats=repeats),
-            "bf16": peak_matmul_flops(torch.bfloat16, repeats=repeats)}
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    return ({name: peak_matmul_flops(dtype, repeats=args.repeats) for name, dtype in dtypes.items()},
+            {name: matmul_size(dtype) for name, dtype in dtypes.items()})
 
 
 def run_step1(args):
@@ -105,7 +120,7 @@ def run_step1(args):
     step1, mfu = {}, {}
     for model in args.models:
         print(f"step 1: {model}", flush=True)
-        result = measure_step1(model, args.repeats, args.warmup, quick=args.quick)
+        result = measure_step1(model, args.repeats, args.warmup)
         gc.collect()
         mfu[model] = {side: result[side].pop("mfu") for side in ("ours", "baseline")}
         mfu[model].update(dtype=result["dtype"], peak_flops=result["ours"].pop("peak_flops")
@@ -168,8 +183,9 @@ def spread(summary, scale=1.0, digits=1):
 def format_report(results):
     """The Markdown tables of the README's performance section."""
     load = results["machine"]
-    lines = [f"{load['cpus']} CPUs, {load['threads']} thread(s) per process; load average (1/5/15 min) "
-             f"{_load(load['load_average_start'])} at the start, {_load(load['load_average_end'])} at the end",
+    lines = [f"{load.get('cpu_model', '')}, {load['cpus']} CPUs, {load['threads']} thread(s) per process; load "
+             f"average (1/5/15 min) {_load(load['load_average_start'])} at the start, "
+             f"{_load(load['load_average_end'])} at the end; dtype {load.get('dtype')} ({load.get('dtype_why')})",
              "", "| measure | ours (min / median / max) | baseline (min / median / max) | ratio (min / median / max) "
                  "| target |", "|---|---|---|---|---|"]
     for model, r in results.get("step1", {}).items():
@@ -182,16 +198,19 @@ def format_report(results):
                      f"generate | {spread(r['ours']['tokens'])} | {spread(r['baseline']['tokens'])} | "
                      f"{spread(r['ratio'], digits=3)} | >= {TARGETS['rollout_ratio']} |")
     for model, r in results.get("mfu", {}).items():
-        target = f">= {TARGETS['mfu_bf16']:.0%}" if r["dtype"] == "bf16" else ""
-        lines.append(f"| MFU, step 1 {model} {r['dtype']} (matmul peak {spread(r['peak_flops'], 1e-9, 0)} GFLOP/s) | "
-                     f"{spread(r['ours'], 100)} % | {spread(r['baseline'], 100)} % | | {target} |")
+        target = f">= {TARGETS['mfu_100m']:.0%}" if model == "llama-100m" else ""
+        lines.append(f"| MFU, step 1 {model} {r['dtype']} (of the {r['dtype']} matmul peak, "
+                     f"{spread(r['peak_flops'], 1e-9, 0)} GFLOP/s) | {spread(r['ours'], 100)} % | "
+                     f"{spread(r['baseline'], 100)} % | | {target} |")
     if "ppo" in results:
         lines += ["", *format_ppo(results["ppo"])]
     if "memory" in results:
         lines += ["", *format_memory(results["memory"])]
-    peaks = results["peak_matmul_flops"]
-    lines += ["", "Peak matmul (2048^3, GFLOP/s, min / median / max): "
-              + ", ".join(f"{dtype} {spread(s, 1e-9, 0)}" for dtype, s in peaks.items())]
+    if "threads" in results:
+        lines += ["", *format_threads(results["threads"])]
+    sizes = results["peak_matmul_size"]
+    lines += ["", "Peak matmul (GFLOP/s, min / median / max): " + ", ".join(
+        f"{dtype} {spread(s, 1e-9, 1)} ({sizes[dtype]}^3)" for dtype, s in results["peak_matmul_flops"].items())]
     return "\n".join(lines)
 
 
@@ -209,6 +228,23 @@ def format_memory(memory):
     lines = ["| peak RSS (max over processes) | MiB | per process |", "|---|---|---|"]
     for label, r in memory.items():
         lines.append(f"| {label} | {r['peak_rss_mb']:.0f} | {', '.join(f'{m:.0f}' for m in r['per_rank_mb'])} |")
+    return lines
+
+
+def format_threads(threads):
+    """Seconds per step of each thread setting quiet and beside a busy process; the target is auto's slowdown."""
+    best_quiet = min(r["quiet"]["median"] for r in threads.values())
+    lines = ["Step 1 of the quick start, tiny model, seconds per step (min / median / max), quiet and beside one "
+             "busy process:", "", "| setting | quiet | beside a busy process | busy / quiet (median) | "
+             "busy / best quiet |", "|---|---|---|---|---|"]
+    for label, r in threads.items():
+        slowdown = r["busy"]["median"] / r["quiet"]["median"]
+        target = f" (target <= {TARGETS['busy_slowdown']})" if label.startswith("auto") else ""
+        lines.append(f"| {label} | {spread(r['quiet'], digits=3)} | {spread(r['busy'], digits=3)} | "
+                     f"{slowdown:.2f}{target} | {r['busy']['median'] / best_quiet:.2f} |")
+    for label, r in threads.items():
+        if label.startswith("auto"):
+            lines += ["", f"{label}, quiet: {r['threads']['quiet']}", f"{label}, busy: {r['threads']['busy']}"]
     return lines
 
 

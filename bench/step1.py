@@ -11,14 +11,15 @@ import time
 import torch
 
 from bench.models import model_path
-from utils.ds_utils import get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
-from utils.monitor import training_flops
-from utils.utils import assert_finite
+from utils.runtime.dist import assert_finite
+from utils.runtime.ds_utils import get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
+from utils.runtime.monitor import training_flops
 
-# The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model in bf16 (the MFU target) on
-# full 256-token blocks of the built-in plain-text corpus.
-CASES = {"tiny": {"dtype": "fp32", "batch_size": 64, "seq_len": 64, "steps_per_run": 5},
-         "llama-100m": {"dtype": "bf16", "batch_size": 4, "seq_len": 256, "steps_per_run": 1}}
+# The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model (the MFU target) on full
+# 256-token blocks of the built-in plain-text corpus. Both in the dtype `--dtype auto` picks on this machine (bf16
+# only where the hardware runs it natively: utils.ds_utils.choose_dtype).
+CASES = {"tiny": {"dtype": "auto", "batch_size": 64, "seq_len": 64, "steps_per_run": 5},
+         "llama-100m": {"dtype": "auto", "batch_size": 4, "seq_len": 256, "steps_per_run": 1}}
 GRADIENT_CLIPPING = 1.0  # utils.ds_utils.get_train_ds_config's default
 ADAM_BETAS = (0.9, 0.95)  # utils.ds_utils.create_optimizer's default
 
@@ -38,7 +39,8 @@ def step1_batches(model_name, tokenizer, args, count):
     """`count` collated batches in step 1's order: for the tiny model, step 1's own SFT data; for the larger one,
     full `max_seq_len`-token blocks of the built-in corpus (real text, no padding, as a throughput test wants),
     through the same collator."""
-    from utils.data_utils import DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset, make_dataloader
+    from utils.data.data_utils import (DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset,
+                                       make_dataloader)
 
     if model_name == "tiny":
         dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 1, args.seed,
@@ -54,8 +56,8 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
     """The training engine exactly as step 1's main builds it from `args`."""
     from transformers import AutoModelForCausalLM
 
-    from utils.engine import train_ds_config_from_args, train_engine_from_args
-    from utils.model_utils import create_hf_model
+    from utils.model.model_utils import create_hf_model
+    from utils.runtime.engine import train_ds_config_from_args, train_engine_from_args
 
     ds_config = train_ds_config_from_args(args, world_size)
     model = create_hf_model(AutoModelForCausalLM, args.model_name_or_path, tokenizer, ds_config, args.dropout,
@@ -79,7 +81,7 @@ class BareTrainer:
     def __init__(self, args, tokenizer, total_steps=10 ** 6):
         from transformers import AutoModelForCausalLM, get_scheduler
 
-        from utils.model_utils import create_hf_model
+        from utils.model.model_utils import create_hf_model
 
         self.model = create_hf_model(AutoModelForCausalLM, args.model_name_or_path, tokenizer, None, args.dropout)
         self.model.to(torch_dtype(args.dtype)).train()
@@ -141,11 +143,11 @@ def with_peak_probe(run, dtype, peaks):
     return probed_run
 
 
-def measure_step1(model_name, repeats, warmup, num_batches=8, quick=False):
+def measure_step1(model_name, repeats, warmup, num_batches=8):
     """Tokens/s and FLOP/s of ours and of the bare loop (pairs), their ratio, and the MFU of each run: its FLOP/s
     over the FLOP/s of a large matmul in the same dtype measured just before it."""
     from bench.measure import paired_rates
-    from utils.model_utils import count_parameters, load_tokenizer
+    from utils.model.model_utils import count_parameters, load_tokenizer
 
     case = CASES[model_name]
     path = model_path(model_name)
@@ -155,7 +157,7 @@ def measure_step1(model_name, repeats, warmup, num_batches=8, quick=False):
     torch.manual_seed(args.seed)
     engine = build_engine(args, tokenizer)
     bare = BareTrainer(args, tokenizer)
-    steps = 1 if quick else case["steps_per_run"]
+    steps = case["steps_per_run"]
     peaks = {"ours": [], "baseline": []}
     ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
     baseline = batch_runner(bare.train_step, batches, bare.model.config, steps)

@@ -10,10 +10,10 @@ from bench.models import model_path, reward_model_path
 from training.recipes import recipe_flags
 
 
-def step3_args(actor_path, critic_path, dtype="fp32"):
+def step3_args(actor_path, critic_path, dtype="auto"):
     """Step 3's parsed flags as `train.py` passes them for the tiny model (training/recipes.py)."""
-    from training.step3_rlhf_finetuning.main import parse_args
-    from utils.ds_utils import resolve_dtype
+    from training.step3_rlhf_finetuning.arguments import parse_args
+    from utils.runtime.ds_utils import resolve_dtype
 
     args = parse_args(["--actor_model_name_or_path", actor_path, "--critic_model_name_or_path", critic_path,
                        "--output_dir", "unused", "--dtype", dtype, *recipe_flags("tiny", 3)])
@@ -21,26 +21,24 @@ def step3_args(actor_path, critic_path, dtype="fp32"):
     return args
 
 
-def build_trainer(model_name="tiny", dtype="fp32"):
+def build_trainer(model_name="tiny", dtype="auto"):
     """(trainer, args, tokenizer): the RLHF engine and PPO trainer as step 3's main builds them, the actor from
     the bench model and the critic and reward model from a reward-model folder on its backbone."""
-    from training.step3_rlhf_finetuning import ppo_math
-    from training.step3_rlhf_finetuning.main import make_kl_controller
     from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
     from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
-    from utils.model_utils import load_tokenizer
+    from utils.model.model_utils import load_tokenizer
 
     actor_path = model_path(model_name)
     critic_path = reward_model_path(actor_path)
     tokenizer = load_tokenizer(actor_path)
     args = step3_args(actor_path, critic_path, dtype)
-    engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, num_total_iters=10 ** 6, world_size=1)
-    return PPOTrainer(engine, args, make_kl_controller(args), ppo_math.RunningMoments()), args, tokenizer
+    engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, actor_steps=10 ** 6, critic_steps=10 ** 6, world_size=1)
+    return PPOTrainer(engine, args), args, tokenizer
 
 
 def prompt_batches(args, tokenizer, count):
     """`count` prompt batches of step 3's data, as its loader yields them."""
-    from utils.data_utils import DataCollatorRLHF, create_prompt_dataset, make_dataloader
+    from utils.data.data_utils import DataCollatorRLHF, create_prompt_dataset, make_dataloader
 
     dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3, args.seed,
                                        tokenizer, args.max_prompt_seq_len)
@@ -132,15 +130,14 @@ class ExperienceTimers:
 
 
 def ppo_step(trainer, args, batch, timers, shuffler):
-    """One step of step 3's loop (one batch of experience, then `ppo_round`), timed part by part: seconds of
+    """One step of step 3's loop (one batch of experience, then `PPOTrainer.train_round`), timed part by part: seconds of
     generation, of each experience forward pass, of training, and the rest, and the step's wall time."""
-    from training.step3_rlhf_finetuning.main import ppo_round
 
     start = time.perf_counter()
     timers.active = True
     experience = trainer.generate_experience(batch["prompt"], batch["prompt_att_mask"])
     timers.active = False
-    stats = ppo_round(trainer, [experience], args, None, trainer.engine, shuffler, train_actor=True)
+    stats = trainer.train_round([experience], None, shuffler, train_actor=True)
     trainer.kl_controller.update(stats["kl"], args.per_device_generation_batch_size * args.generation_batches)
     total = time.perf_counter() - start
     parts = {"generation": stats["generate_time"]}

@@ -1,6 +1,6 @@
 """One process (or one rank under the `deepspeed` launcher) of the memory bench: a few training steps of step 1
 (any bench model, any ZeRO stage) or of step 3 (the tiny model), then the peak RSS of every rank, printed by
-rank 0 as one `BENCH_WORKER_RESULT {json}` line.
+rank 0 as one `BENCH_WORKER_RESULT {json}` line, with the seconds of each of rank 0's steps.
 
     python -m bench.worker step1 --model llama-100m --zero_stage 2 --steps 2
     deepspeed --num_gpus 2 --module bench.worker step1 --model tiny --zero_stage 3
@@ -8,6 +8,8 @@ rank 0 as one `BENCH_WORKER_RESULT {json}` line.
 import argparse
 import json
 
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import torch
 
 RESULT_PREFIX = "BENCH_WORKER_RESULT "
@@ -24,45 +26,48 @@ def parse_args(argv=None):
 
 
 def run_step1(model_name, zero_stage, steps, world_size):
+    from bench.measure import timed
     from bench.models import model_path
     from bench.step1 import CASES, build_engine, engine_train_step, step1_args, step1_batches
-    from utils.model_utils import load_tokenizer
+    from utils.model.model_utils import load_tokenizer
 
     case = CASES[model_name]
     path = model_path(model_name)
     tokenizer = load_tokenizer(path)
     args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"], zero_stage)
     engine = build_engine(args, tokenizer, world_size)
-    for batch in step1_batches(model_name, tokenizer, args, steps):
-        engine_train_step(engine, batch)
+    return [timed(engine_train_step, engine, batch)[1] for batch in step1_batches(model_name, tokenizer, args, steps)]
 
 
 def run_step3(steps):
     import random
 
+    from bench.measure import timed
     from bench.step3 import ExperienceTimers, build_trainer, ppo_step, prompt_batches
 
     trainer, args, tokenizer = build_trainer()
     timers, shuffler = ExperienceTimers(trainer), random.Random(args.seed)
-    for batch in prompt_batches(args, tokenizer, steps):
-        ppo_step(trainer, args, batch, timers, shuffler)
+    batches = prompt_batches(args, tokenizer, steps)
+    return [timed(ppo_step, trainer, args, batch, timers, shuffler)[1] for batch in batches]
 
 
 def main(argv=None):
     from bench.measure import peak_rss_mb
-    from utils.utils import init_distributed, is_rank_0, quiet_transformers
+    from utils.runtime.dist import init_distributed, is_rank_0, quiet_transformers
 
     args = parse_args(argv)
     _, world_size, _, _ = init_distributed()
     quiet_transformers()
     if args.step == "step1":
-        run_step1(args.model, args.zero_stage, args.steps, world_size)
+        step_seconds = run_step1(args.model, args.zero_stage, args.steps, world_size)
     else:
-        run_step3(args.steps)
+        step_seconds = run_step3(args.steps)
     peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(world_size)]
     torch.distributed.all_gather(peaks, torch.tensor([peak_rss_mb()], dtype=torch.float64))
     if is_rank_0():
-        print(RESULT_PREFIX + json.dumps({"peak_rss_mb": [p.item() for p in peaks]}), flush=True)
+        result = {"peak_rss_mb": [p.item() for p in peaks], "step_seconds": step_seconds,
+                  "threads": utils.runtime.threads.describe()}
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ Three ways to run it:
 import itertools
 import sys
 
-from utils.args import ArgumentParser
-from utils.errors import ChatRLHFError, cli_entry
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
+from utils.runtime.args import ArgumentParser
+from utils.runtime.errors import ChatRLHFError, cli_entry
 
 CLEAR, QUIT = "clear", "quit"
 DS_CHAT_TURN_START = "Human:"
@@ -92,7 +94,9 @@ def parse_args(argv=None):
     parser.add_argument("--greedy", action="store_true", help="Take the most likely token instead of sampling.")
     parser.add_argument("--seed", type=int, default=None, help="Make the sampled answers reproducible.")
     parser.add_argument("--prompt", type=str, default=None, help="Answer this one prompt and exit.")
-    parser.add_argument("--dtype", type=str, default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--dtype", type=str, default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="auto: bf16 on a CPU with native bf16 (AMX / AVX-512 BF16), fp32 otherwise (said on "
+                             "stderr).")
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="Allow the model folder's own Python code to run (off by default).")
     parser.add_argument("--show_prompt", action="store_true",
@@ -108,12 +112,15 @@ def main(argv=None):
     if args.prompt is None and sys.stdin is None:
         raise ChatRLHFError("no --prompt and standard input is closed: pass --prompt TEXT, or the turns on "
                             "standard input")
-    from utils.model_utils import resolve_model_path
+    from utils.model.model_utils import resolve_model_path
 
     path = resolve_model_path(args.path)  # a mistyped path fails at once, before torch is imported
     from inference.generation import load_causal_lm
-    from utils.utils import quiet_transformers
+    from utils.runtime.ds_utils import choose_dtype
+    from utils.runtime.dist import quiet_transformers
 
+    args.dtype, why = choose_dtype(args.dtype)
+    print(f"dtype: {args.dtype} ({why})", file=sys.stderr, flush=True)
     quiet_transformers()
     model, tokenizer = load_causal_lm(path, args.dtype, args.trust_remote_code)
     bot = ChatBot(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.greedy, args.seed)

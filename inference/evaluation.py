@@ -1,4 +1,5 @@
-"""Comparing models on the same prompts: their answers, the built-in task's checker scores, an optional reward.
+"""Comparing models on the same prompts: their answers, a checker's scores (the built-in task's, or a reasoning-gym
+spec's verifier), an optional reward.
 
 `evaluate_models` serves the step-1 prompt evaluation (baseline vs fine-tuned), the step-3 comparison and the
 quick start; `format_side_by_side` and `format_score_table` print what it returns.
@@ -6,18 +7,51 @@ quick start; `format_side_by_side` and `format_score_table` print what it return
 import json
 from pathlib import Path
 
-from utils import task
-from utils.errors import DataError
-from utils.prompting import model_prompt
+from utils.builtin import task
+from utils.data.prompting import model_prompt
+from utils.runtime.errors import DataError
 
 DECODINGS = ("sampled", "greedy")
 
 
 def builtin_prompts():
     """The built-in task's held-out prompts (skills in turn, so any first N are balanced)."""
-    from utils.raw_datasets import builtin_data_dir
+    from utils.data.raw_datasets import builtin_data_dir
 
     return [record["prompt"] for record in task.heldout_prompts(builtin_data_dir())]
+
+
+def heldout_set(data_paths, seed=1234):
+    """(prompts, checker) of the held-out questions of one or more data paths. `builtin`: the built-in task's
+    held-out prompts, checker None (evaluate_models' default, `task.summarize_scores`: keys "all" and per skill);
+    a `reasoning_gym:` spec: its held-out part, tasks in turn, checker its verifier's `summarize` (keys "all" and
+    per task); any other source: the prompts of its eval split (never trained on), no checker (a reward model
+    scores them). With several paths the prompts are concatenated and only a lone reasoning-gym spec's checker
+    is kept."""
+    if isinstance(data_paths, str):
+        data_paths = [data_paths]
+    prompts, checkers = [], []
+    for data_path in data_paths:
+        if data_path == "builtin":
+            prompts += builtin_prompts()
+        elif data_path.startswith("reasoning_gym:"):
+            from utils.data.reasoning_gym_data import gym_data
+
+            data = gym_data(data_path)
+            prompts += [item.prompt for item in data.parts["heldout"]]
+            checkers.append(data.verifier.summarize)
+        else:
+            from utils.data.raw_datasets import get_raw_dataset
+
+            raw = get_raw_dataset(data_path, seed)
+            rows = raw.get_eval_data()
+            found = [raw.get_prompt(row) for row in rows] if rows is not None else []
+            found = [prompt for prompt in found if prompt]
+            if not found:
+                raise DataError(f"--data_path {data_path} has no eval prompts to evaluate on")
+            prompts += found
+    checker = checkers[0] if len(data_paths) == 1 and checkers else None
+    return prompts, checker
 
 
 def read_prompts_file(path):
@@ -64,7 +98,7 @@ def are_task_prompts(prompts):
 
 def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy_only=False,
                     seed=1234, batch_size=32, reward_fn=None, dtype="fp32", trust_remote_code=False,
-                    samples_per_prompt=1):
+                    samples_per_prompt=1, checker=None):
     """Answer `prompts` with each model and score the answers.
 
     model_specs: {name: model folder or built-in name, or an already loaded (model, tokenizer)}; models given
@@ -75,16 +109,19 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     scores are means over all of them: a sampled score from one answer per prompt is noisy.
     reward_fn: optional `reward_fn(prompts, answers) -> list[float]` (e.g. a step-2 reward model); the mean
     is reported as "reward".
+    checker: optional `checker(prompts, answers) -> {"all": mean score, <group>: mean, ...}` (e.g. a reasoning-gym
+    verifier's `summarize`, grouped by task); by default `task.summarize_scores` when every prompt is a built-in
+    task prompt ({"all": mean checker score, "add": ..., per skill present}).
 
     Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]}}},
-    where scores is `task.summarize_scores` ({"all": mean checker score, "add": ..., per skill present}) when
-    every prompt is a built-in task prompt (else {}), plus "reward" when reward_fn is given.
+    where scores is the checker's summary (or {} without a checker), plus "reward" when reward_fn is given.
     """
     from inference.generation import generate, load_causal_lm
 
     decodings = ("greedy",) if greedy_only else DECODINGS
     rounds = {decoding: samples_per_prompt if decoding == "sampled" else 1 for decoding in decodings}
-    scorable = are_task_prompts(prompts)
+    if checker is None and are_task_prompts(prompts):
+        checker = task.summarize_scores
     results = {}
     for name, spec in model_specs.items():
         model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
@@ -97,7 +134,7 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
         result = {}
         for decoding in decodings:
             answered = prompts * rounds[decoding]
-            scores = task.summarize_scores(answered, answers[decoding]) if scorable else {}
+            scores = dict(checker(answered, answers[decoding])) if checker else {}
             if reward_fn is not None:
                 rewards = [float(r) for r in reward_fn(answered, answers[decoding])]
                 scores["reward"] = sum(rewards) / len(rewards)
@@ -122,16 +159,19 @@ def format_side_by_side(prompts, results, num_show=8, width=28):
 
 
 def format_score_table(results):
-    """Mean scores per model and decoding: "all", each skill, and "reward" when present ("" if no scores)."""
+    """Mean scores per model and decoding: "all", each skill or task, and "reward" when present ("" if no
+    scores). Columns come in the order of the scores, "reward" last."""
     rows = [(name, decoding, scores) for name, result in results.items()
             for decoding in DECODINGS if decoding in result for scores in [result[decoding]]]
-    columns = [key for key in ("all", *task.SKILLS, "reward") if any(key in scores for _, _, scores in rows)]
+    columns = list(dict.fromkeys(key for _, _, scores in rows for key in scores if key != "reward"))
+    columns += ["reward"] if any("reward" in scores for _, _, scores in rows) else []
     if not columns:
         return ""
     name_width = max(len("model"), *(len(name) for name, _, _ in rows))
-    lines = [f"{'model':{name_width}}  {'decoding':8}  " + "  ".join(f"{c:>7}" for c in columns)]
+    widths = {c: max(7, len(c)) for c in columns}
+    lines = [f"{'model':{name_width}}  {'decoding':8}  " + "  ".join(f"{c:>{widths[c]}}" for c in columns)]
     for name, decoding, scores in rows:
-        cells = [f"{scores[c]:7.3f}" if c in scores else f"{'-':>7}" for c in columns]
+        cells = [f"{scores[c]:{widths[c]}.3f}" if c in scores else f"{'-':>{widths[c]}}" for c in columns]
         lines.append(f"{name:{name_width}}  {decoding:8}  " + "  ".join(cells))
     return "\n".join(lines)
 

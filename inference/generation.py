@@ -7,9 +7,9 @@ new tokens of all of them start together; Hugging Face `generate` derives the po
 """
 import torch
 
-from utils.errors import ChatRLHFError, ConfigError
-from utils.model_utils import is_reward_model_folder, load_pretrained, load_tokenizer, resolve_model_path
-from utils.prompting import encode_prompt_text, format_turns
+from utils.data.prompting import encode_prompt_text, format_turns
+from utils.model.model_utils import is_reward_model_folder, load_pretrained, load_tokenizer, resolve_model_path
+from utils.runtime.errors import ChatRLHFError, ConfigError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")

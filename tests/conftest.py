@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """The built-in tiny model folder (built into the chatrlhf cache on first use, ~10 s, then reused)."""
-    from utils.model_utils import resolve_model_path
+    from utils.model.model_utils import resolve_model_path
 
     return Path(resolve_model_path("tiny"))
 
@@ -16,7 +16,7 @@ def tiny_model_dir():
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
     """The tiny model's tokenizer as the steps load it. Shared: tests must not modify it."""
-    from utils.model_utils import load_tokenizer
+    from utils.model.model_utils import load_tokenizer
 
     return load_tokenizer(str(tiny_model_dir))
 
@@ -44,7 +44,7 @@ def distributed():
     """A torch.distributed world of one, started as the steps start it. The RANK/MASTER_PORT variables it sets
     are removed again afterwards (LOCAL_RANK stays: DeepSpeed's engine reads it), so subprocesses that later
     tests launch do not inherit this process's rendezvous port."""
-    from utils.utils import init_distributed
+    from utils.runtime.dist import init_distributed
 
     before = dict(os.environ)
     result = init_distributed()
@@ -63,8 +63,8 @@ def step3_model_dirs(tmp_path_factory, tiny_tokenizer):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from utils.reward_model import RewardModel
-    from utils.save import save_hf_model
+    from utils.model.reward_model import RewardModel
+    from utils.model.save import save_hf_model
 
     root = tmp_path_factory.mktemp("step3_models")
     actor_dir, critic_dir = root / "step1", root / "step2"
@@ -99,7 +99,7 @@ def one_thread():
 def tiny():
     """(model, tokenizer) of the built-in tiny model as inference loads it, once per session."""
     from inference.generation import load_causal_lm
-    from utils.utils import quiet_transformers
+    from utils.runtime.dist import quiet_transformers
 
     quiet_transformers()
     return load_causal_lm("tiny")

@@ -2,7 +2,7 @@
 import os
 from pathlib import Path
 
-from utils.utils import free_port
+from utils.runtime.dist import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")

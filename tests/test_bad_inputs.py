@@ -30,6 +30,7 @@ class Case:
     argv: list      # "{tmp}", "{out}", "{actor}", "{critic}" are filled in
     message: tuple  # each must appear in the one error line
     exit_code: int = 2
+    hide_module: str = ""  # a package made unimportable for the case (in-process CLIs only)
     setup: str = None  # a key of SETUPS: what to prepare in `tmp` and `out` first
     stdin: bytes = b""  # a process's standard input (None: closed)
 
@@ -50,12 +51,23 @@ CASES = [
          ("{tmp}/nofield/train.json: row 1 (line 2): missing field 'chosen'",)),
     Case("step1 data file without rows", "step1", [*STEP1, "--data_path", "{tmp}/empty.jsonl"],
          ("{tmp}/empty.jsonl: no rows",)),
-    Case("step1 --data_split of two parts", "step1", [*STEP1, "--data_split", "2,4"], ("--data_split '2,4'",)),
+    Case("step1 --data_split with an infinite part", "step1", [*STEP1, "--data_split", "inf,1,1"],
+         ("--data_split 'inf,1,1'",)),
     Case("step1 --data_split leaving step 1 nothing", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--data_split", "0,1,1"],
          ("no train data left for phase 1", "--data_split 0,1,1")),
     Case("step1 every prompt fills --max_seq_len", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--max_seq_len", "4"], ("no train data left for phase 1",)),
+    # step 1: reasoning-gym data
+    Case("step1 unknown reasoning-gym task", "step1", [*STEP1, "--data_path", "reasoning_gym:chain_summ"],
+         ("reasoning_gym:chain_summ: unknown reasoning-gym task (did you mean chain_sum",)),
+    Case("step1 unknown reasoning-gym setting", "step1", [*STEP1, "--data_path", "reasoning_gym:chain_sum?min_term=2"],
+         ("reasoning_gym:chain_sum: unknown key 'min_term'", "valid keys: allow_negation,")),
+    Case("step1 reasoning-gym setting of the wrong type", "step1",
+         [*STEP1, "--data_path", "reasoning_gym:chain_sum?min_terms=two"],
+         ("reasoning_gym:chain_sum: min_terms=two is not an int",)),
+    Case("step1 reasoning-gym without the package", "step1", [*STEP1, "--data_path", "reasoning_gym:chain_sum"],
+         ("needs the reasoning-gym package", 'pip install -e ".[gym]"'), hide_module="reasoning_gym"),
     # step 1: model
     Case("step1 model path that does not exist", "step1", [*STEP1, "--model_name_or_path", "./no/such/model"],
          ("model path ./no/such/model does not exist",)),
@@ -123,6 +135,27 @@ CASES = [
          ("no train data left for phase 2",)),
     Case("step2 --only_optimize_lora without LoRA", "step2", [*STEP2, "--only_optimize_lora"],
          ("--only_optimize_lora needs --lora_dim > 0",)),
+    Case("step2 reasoning-gym task without reference answers", "step2",
+         [*STEP2, "--data_path", "reasoning_gym:graph_color?size=20"],
+         ("reasoning_gym:graph_color?size=20: no task here has reference answers",)),
+    # step 2, DPO
+    Case("dpo reward model as the model", "dpo", [*STEP2, "--model_name_or_path", "{critic}"],
+         ("{critic} is a reward model (step 2 output)",)),
+    Case("dpo reference path that does not exist", "dpo", [*STEP2, "--ref_model_name_or_path", "{tmp}/noref"],
+         ("--ref_model_name_or_path: model path {tmp}/noref does not exist",)),
+    Case("dpo reference with another vocabulary", "dpo", [*STEP2, "--ref_model_name_or_path", "{tmp}/othervocab"],
+         ("--ref_model_name_or_path {tmp}/othervocab has a vocabulary of 999 tokens",)),
+    Case("dpo unknown --loss_type", "dpo", [*STEP2, "--loss_type", "kto"],
+         ("argument --loss_type: invalid choice: 'kto'",)),
+    Case("dpo --beta of zero", "dpo", [*STEP2, "--beta", "0"], ("--beta must be positive, not 0.0",)),
+    Case("dpo --label_smoothing of one half", "dpo", [*STEP2, "--label_smoothing", "0.5"],
+         ("--label_smoothing must be in [0, 0.5), not 0.5",)),
+    Case("dpo label smoothing with IPO", "dpo", [*STEP2, "--loss_type", "ipo", "--label_smoothing", "0.1"],
+         ("--label_smoothing applies to --loss_type sigmoid and simpo, not ipo",)),
+    Case("dpo SimPO with a reference flag", "dpo", [*STEP2, "--loss_type", "simpo", "--precompute_ref_logps"],
+         ("--loss_type simpo uses no reference model: drop --precompute_ref_logps",)),
+    Case("dpo every pair has identical answers", "dpo", [*STEP2, "--data_path", "{tmp}/identical"],
+         ("no train data left for phase 2",)),
     # step 3: the step-1 / step-2 folders
     Case("step3 missing step-1 output", "step3",
          [*STEP3, "--actor_model_name_or_path", "{tmp}/output/actor-models/tiny", "--critic_model_name_or_path",
@@ -147,6 +180,10 @@ CASES = [
     Case("step3 --only_optimize_lora without LoRA", "step3", [*STEP3, *MODELS, "--only_optimize_lora"],
          ("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim",)),
     Case("step3 fp16 on a CPU", "step3", [*STEP3, *MODELS, "--dtype", "fp16"], ("--dtype fp16 is not supported",)),
+    Case("step3 reasoning-gym configuration the task refuses", "step3",
+         [*STEP3, *MODELS, "--data_path", "reasoning_gym:chain_sum?min_terms=3&max_terms=2"],
+         ("reasoning_gym:chain_sum?min_terms=3&max_terms=2: reasoning-gym refuses this configuration",
+          "max_terms must be >= min_terms")),
     Case("step3 negative --max_steps", "step3", [*STEP3, *MODELS, "--max_steps", "-1"],
          ("--max_steps must be at least 0, not -1",)),
     Case("step3 --generation_batches more than the prompt batches", "step3",
@@ -221,6 +258,17 @@ CASES = [
     Case("prompt_eval --output_json in a missing folder", "prompt_eval",
          ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--num_prompts", "2",
           "--output_json", "{tmp}/nowhere/result.json"], ("--output_json {tmp}/nowhere/result.json",)),
+    Case("prompt_eval unknown reasoning-gym task", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
+          "reasoning_gym:nope", *EVAL_OUT], ("reasoning_gym:nope: unknown reasoning-gym task",)),
+    Case("prompt_eval --data_path that does not exist", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
+          "{tmp}/nowhere", *EVAL_OUT],
+         ("{tmp}/nowhere",)),
+    Case("prompt_eval --prompts_file and --data_path together", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
+          "reasoning_gym:gcd", "--prompts_file", "{tmp}/good/train.json", *EVAL_OUT],
+         ("--prompts_file and --data_path both give the prompts",)),
     # rw_eval.py
     Case("rw_eval actor as the reward model", "rw_eval", ["--model_name_or_path", "{actor}", *EVAL_OUT],
          ("{actor} is not a reward model",)),
@@ -275,10 +323,12 @@ def write_bad_data(tmp):
     (tmp / "latin1.txt").write_bytes(" Human: caf\xe9? Assistant:\n".encode("latin-1"))
     (tmp / "ds_batch.json").write_text(json.dumps({"train_batch_size": 32}))
     (tmp / "notamodel").mkdir()
+    (tmp / "othervocab").mkdir()
+    (tmp / "othervocab" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 999}))
 
 
 def hold_lock(tmp, out, actor):
-    from utils.paths import FolderLock
+    from utils.runtime.paths import FolderLock
 
     lock = FolderLock(out)
     assert lock.acquire()
@@ -333,11 +383,14 @@ def unwritable_folder(tmp):
 
 def in_process_mains():
     from inference import chatbot
-    from training.step1_supervised_finetuning import main as step1, prompt_eval
-    from training.step2_reward_model_finetuning import main as step2, rw_eval
+    from training.step1_supervised_finetuning import main as step1
+    from training.step1_supervised_finetuning import prompt_eval
+    from training.step2_dpo_finetuning import main as dpo
+    from training.step2_reward_model_finetuning import main as step2
+    from training.step2_reward_model_finetuning import rw_eval
     from training.step3_rlhf_finetuning import main as step3
 
-    return {"step1": step1.main, "step2": step2.main, "step3": step3.main, "chat": chatbot.main,
+    return {"step1": step1.main, "step2": step2.main, "dpo": dpo.main, "step3": step3.main, "chat": chatbot.main,
             "prompt_eval": prompt_eval.main, "rw_eval": rw_eval.main}
 
 
@@ -372,8 +425,13 @@ def folder_state(path):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, step3_model_dirs, capsys):
+def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, step3_model_dirs, capsys,
+                                                               monkeypatch):
     actor, critic = step3_model_dirs
+    if case.hide_module:  # `import <module>` (and of its submodules) raises ImportError during the case
+        for name in [n for n in sys.modules if n == case.hide_module or n.startswith(case.hide_module + ".")]:
+            monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.setitem(sys.modules, case.hide_module, None)
     write_bad_data(tmp_path)
     out = tmp_path / "out"
     if case.cli in ("prompt_eval", "rw_eval"):

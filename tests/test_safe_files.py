@@ -93,8 +93,10 @@ def test_the_source_never_hard_codes_trust_remote_code():
 
 def cli_parsers():
     from inference import chatbot
-    from training.step1_supervised_finetuning import main as step1, prompt_eval
-    from training.step2_reward_model_finetuning import main as step2, rw_eval
+    from training.step1_supervised_finetuning import main as step1
+    from training.step1_supervised_finetuning import prompt_eval
+    from training.step2_reward_model_finetuning import main as step2
+    from training.step2_reward_model_finetuning import rw_eval
     from training.step3_rlhf_finetuning import main as step3
 
     step3_models = ["--actor_model_name_or_path", "a", "--critic_model_name_or_path", "c", "--output_dir", "o"]

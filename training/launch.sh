@@ -6,7 +6,8 @@
 # single_node every GPU of this machine (NUM_GPUS to choose; on a CPU-only machine, 2 processes over gloo)
 # multi_node  the hosts of $HOSTFILE (default /job/hostfile), every GPU of each
 #
-# OMP_NUM_THREADS is set to cores / processes unless already set, so processes never fight over cores.
+# OMP_NUM_THREADS (the idle CPUs this launch may use / processes) and OMP_WAIT_POLICY=PASSIVE are exported unless
+# already set: `python -m utils.runtime.threads` decides, as the python entry points do when started by hand.
 # MASTER_PORT picks the rendezvous port (default 29500 + a little randomness, so two runs can share a machine).
 # DRY_RUN=1 prints the launcher command instead of running it.
 
@@ -31,15 +32,19 @@ launch() {
             launcher_args=(--hostfile "$hostfile") ;;
         *) echo "error: unknown deployment type '$deployment' (single_gpu, single_node, multi_node)" >&2; return 2 ;;
     esac
-    local cores; cores=$(nproc 2>/dev/null || echo 1)
-    local threads=$(( cores / procs )); [ "$threads" -ge 1 ] || threads=1
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
+    local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    local exports; exports=$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" python3 -m utils.runtime.threads --processes "$procs")
+    eval "$exports"
+    local omp="" name
+    for name in OMP_NUM_THREADS OMP_WAIT_POLICY GOMP_SPINCOUNT; do
+        if [ -n "${!name:-}" ]; then omp+="$name=${!name} "; fi
+    done
     local port=${MASTER_PORT:-$(( 29500 + RANDOM % 1000 ))}
     local cmd=(deepspeed "${launcher_args[@]}" --master_port "$port" "$@")
     if [ -n "${DRY_RUN:-}" ]; then
-        echo "OMP_NUM_THREADS=$OMP_NUM_THREADS ${cmd[*]}"
+        echo "$omp${cmd[*]}"
     else
-        echo "launching: OMP_NUM_THREADS=$OMP_NUM_THREADS ${cmd[*]}"
+        echo "launching: $omp${cmd[*]}"
         "${cmd[@]}"
     fi
 }

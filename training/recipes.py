@@ -33,19 +33,21 @@ RECIPES = {
             "--print_interval", "10"],
     },
     "smollm2-135m": {
-        # Measured on a shared 2-core CPU (load 4-7): bf16 (AMX) trains 2-2.5x faster than fp32 at the same
+        # --dtype auto (utils.ds_utils.choose_dtype): bf16 where the CPU has native bf16, fp32 where it has not.
+        # Measured on a shared 2-core CPU with AMX (load 4-7): bf16 trains 2-2.5x faster than fp32 at the same
         # losses (step 3: 61 s vs 130 s for 4 rounds) and its fused LoRA saves without loss (fp32 perplexity of
-        # the saved step-1 model 7.0). Sequences are short: the chat-template prompts of the built-in task are
-        # 37-43 tokens, answers at most 10 (+ EOS).
+        # the saved step-1 model 7.0); on a 2-core AVX2-only AMD EPYC bf16 ran ~15x slower than fp32 (step 1 of
+        # a 6.9M OPT: 3.35 against 49.5 samples/s). The times below are the AMX machine's, in bf16. Sequences are
+        # short: the chat-template prompts of the built-in task are 37-43 tokens, answers at most 10 (+ EOS).
         # Step 1: 60 LoRA steps of 8 (~2 min) take eval perplexity 258 -> 6.9 and the greedy checker score 0 -> 0.48.
         1: ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_len", "64",
             "--learning_rate", "2e-4", "--lora_dim", "16", "--only_optimize_lora", "--lora_learning_rate", "5e-4",
-            "--max_steps", "60", "--num_warmup_steps", "5", "--print_interval", "10", "--dtype", "bf16"],
+            "--max_steps", "60", "--num_warmup_steps", "5", "--print_interval", "10", "--dtype", "auto"],
         # Step 2 (from the step-1 weights): accuracy 0.18 -> 0.88 by step 30 (0.89 at 60), so 40 steps (0.20 ->
         # 0.86, ~3 min), and no mid-run evaluation (each pass over the 400 eval pairs costs about a minute).
         2: ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_len", "64",
             "--learning_rate", "2e-4", "--lora_dim", "16", "--only_optimize_lora", "--lora_learning_rate", "5e-4",
-            "--max_steps", "40", "--num_warmup_steps", "5", "--print_interval", "10", "--dtype", "bf16"],
+            "--max_steps", "40", "--num_warmup_steps", "5", "--print_interval", "10", "--dtype", "auto"],
         # Step 3: prompts fit in 48 tokens (43 at most), answers in 12; 30 rounds of 16 rollouts, 2 PPO epochs of
         # 2 minibatches (~16 s a round, ~8 min). New LoRA factors on actor and critic only; actor LoRA lr 2e-4
         # moves the policy (sampled checker score 0.22 -> 0.27, held-out) at a KL of ~0.7 nats per answer; the
@@ -56,10 +58,10 @@ RECIPES = {
             "--actor_lora_learning_rate", "2e-4",
             "--critic_learning_rate", "1e-4", "--critic_lora_learning_rate", "5e-4", "--kl_coef", "0.1",
             "--num_warmup_steps", "0", "--lr_scheduler_type", "constant", "--max_steps", "30",
-            "--print_interval", "5", "--dtype", "bf16"],
+            "--print_interval", "5", "--dtype", "auto"],
         # The closing evaluation: 400 prompts x (4 samples + greedy) x 2 actors would take ~10 min here; 200
-        # prompts x (2 samples + greedy) in bf16 take 3 (1 min per 100 prompts x 2 decodings x 2 actors).
-        "eval": ["--num_prompts", "200", "--samples_per_prompt", "2", "--dtype", "bf16"],
+        # prompts x (2 samples + greedy) in bf16 (AMX) take 3 (1 min per 100 prompts x 2 decodings x 2 actors).
+        "eval": ["--num_prompts", "200", "--samples_per_prompt", "2", "--dtype", "auto"],
     },
     "default": {
         1: ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8", "--max_seq_len", "512",

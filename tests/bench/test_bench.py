@@ -40,7 +40,11 @@ def test_quick_bench_writes_every_section(tmp_path):
 
     for dtype in ("fp32", "bf16"):
         assert_positive(results["peak_matmul_flops"][dtype], dtype)
+        assert 128 <= results["peak_matmul_size"][dtype] <= 2048
     step1 = results["step1"]["tiny"]
+    # --quick runs in the dtype `--dtype auto` picks on this machine, and says why.
+    assert step1["dtype"] == results["mfu"]["tiny"]["dtype"] == results["machine"]["dtype"]
+    assert results["machine"]["dtype_why"].startswith("auto: ")
     for figure in (step1["ours"]["tokens"], step1["baseline"]["tokens"], step1["ours"]["flops"], step1["ratio"],
                    results["mfu"]["tiny"]["ours"], results["mfu"]["tiny"]["baseline"]):
         assert_positive(figure, "step 1 / MFU")

@@ -9,7 +9,7 @@ import pytest
 from inference import chatbot
 from inference.chatbot import ChatBot
 from inference.generation import format_prompt, generate, max_prompt_tokens, tokenize_prompts
-from utils import task
+from utils.builtin import task
 
 REPO = Path(__file__).resolve().parents[2]
 Q1, Q2, Q3 = "What is 3 + 4?", 'Reverse the word "cat".', "What is the capital of France?"

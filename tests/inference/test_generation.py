@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from inference.generation import (format_prompt, generate, load_causal_lm, max_prompt_tokens, tokenize_prompts)
-from utils import task
-from utils.errors import ChatRLHFError, ConfigError
-from utils.model_utils import REWARD_MODEL_KEY, load_tokenizer, resolve_model_path
+from inference.generation import format_prompt, generate, load_causal_lm, max_prompt_tokens, tokenize_prompts
+from utils.builtin import task
+from utils.model.model_utils import REWARD_MODEL_KEY, load_tokenizer, resolve_model_path
+from utils.runtime.errors import ChatRLHFError, ConfigError
 
 PROMPTS = [
     task.format_prompt("What is 7 + 12?"),

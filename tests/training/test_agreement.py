@@ -60,8 +60,8 @@ EVAL_TOLERANCE = 1e-3
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, tiny_tokenizer):
     """train.json / eval.json: built-in task rows whose chosen answer is ANSWER_TOKENS tokens with EOS."""
-    from utils.data_utils import tokenize_answer
-    from utils.raw_datasets import builtin_data_dir
+    from utils.data.data_utils import tokenize_answer
+    from utils.data.raw_datasets import builtin_data_dir
 
     out = tmp_path_factory.mktemp("agreement_data")
     for split, count in (("train", 600), ("eval", 60)):

@@ -9,7 +9,8 @@ REQUIRED = {1: ["--output_dir", "out"], 2: ["--output_dir", "out"],
 
 
 def step_parser(step):
-    from training.step1_supervised_finetuning import main as step1, prompt_eval
+    from training.step1_supervised_finetuning import main as step1
+    from training.step1_supervised_finetuning import prompt_eval
     from training.step2_reward_model_finetuning import main as step2
     from training.step3_rlhf_finetuning import main as step3
 

@@ -1,6 +1,6 @@
-"""Resumable training end to end, through the real CLIs on the built-in tiny default: each step, killed with
-SIGKILL after its first checkpoint and resumed with --resume, ends with the very weights (bitwise) and metrics of
-an uninterrupted run of the same seed; a non-finite loss ends in one `error:` line, saves no model and leaves the
+"""Resumable training end to end, through the real CLIs on the built-in tiny default: each step (and DPO), killed
+with SIGKILL after its first checkpoint and resumed with --resume, ends with the very weights (bitwise) and metrics
+of an uninterrupted run of the same seed; a non-finite loss ends in one `error:` line, saves no model and leaves the
 last checkpoint as it was; train.py passes --save-steps and --resume on to every step."""
 import hashlib
 import json
@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
-
 from processes import subprocess_env
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 STEP1 = REPO / "training" / "step1_supervised_finetuning"
 STEP2 = REPO / "training" / "step2_reward_model_finetuning"
 STEP3 = REPO / "training" / "step3_rlhf_finetuning"
+DPO = REPO / "training" / "step2_dpo_finetuning"
 SAVED = re.compile(r"saved checkpoint (\S+)")
 
 # --data_split gives each step a small part of the built-in data (about 100 rows), so three epochs take seconds
@@ -29,6 +29,8 @@ STEP1_FLAGS = ["--data_split", "10,1000,1000", "--per_device_train_batch_size", 
 STEP2_FLAGS = ["--data_split", "1000,10,1000", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size",
                "8", "--max_seq_len", "64", "--num_train_epochs", "3", "--max_steps", "60", "--eval_interval", "25",
                "--print_interval", "10"]
+# DPO from the (untrained) tiny model, its reference scoring each batch.
+DPO_FLAGS = [*STEP2_FLAGS, "--learning_rate", "1e-3", "--beta", "0.5"]
 # Step 3 with every piece of PPO state in play: two rounds of generation batches, two PPO epochs (the minibatch
 # shuffler), EMA, the unsupervised loss (its batch cycle), the adaptive KL controller and reward normalisation.
 STEP3_FLAGS = ["--data_split", "1000,1000,5", "--per_device_generation_batch_size", "4",
@@ -121,6 +123,11 @@ def test_step1_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
 
 def test_step2_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
     main = [sys.executable, str(STEP2 / "main.py"), *STEP2_FLAGS, "--data_output_path", str(tmp_path / "data")]
+    check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
+
+
+def test_dpo_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
+    main = [sys.executable, str(DPO / "main.py"), *DPO_FLAGS, "--data_output_path", str(tmp_path / "data")]
     check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
 
 

@@ -2,26 +2,32 @@
 
 The loss counts answer tokens only (prompt and padding are labelled -100). Perplexity on the eval split is
 measured before training and after every epoch. The result is a Hugging Face folder in --output_dir.
-With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/checkpoint.py), and --resume
+With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and --resume
 continues from the latest one exactly as the uninterrupted run would have gone on.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
 import math
 import time
 
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import torch
 
-from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args, add_logging_args,
-                        add_lora_args, add_model_args, add_training_args, check_common_args,
-                        training_flags)
-from utils.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
-from utils.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
-from utils.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
-                          write_metrics)
-from utils.errors import ConfigError, cli_entry
-from utils.model_utils import count_parameters, create_hf_model, load_tokenizer, resolve_model_path
-from utils.monitor import Monitor, Throughput, format_scalars
-from utils.save import save_hf_model
-from utils.utils import all_reduce_mean, assert_finite, print_rank_0, to_device
+from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
+from utils.model.model_utils import count_parameters, create_hf_model, load_tokenizer, resolve_model_path
+from utils.model.save import save_hf_model
+from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
+                                add_logging_args, add_lora_args, add_model_args, add_training_args, check_common_args,
+                                training_flags)
+from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
+from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
+from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
+                                  write_metrics)
+from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.monitor import Monitor, Throughput, format_scalars
 
 
 def parse_args(argv=None):
@@ -163,7 +169,7 @@ def _causal_lm_class():
 def _show_progress():
     import sys
 
-    from utils.utils import is_rank_0
+    from utils.runtime.dist import is_rank_0
 
     return is_rank_0() and sys.stderr.isatty()
 

@@ -1,19 +1,27 @@
 """Step 1 evaluation: answers of a baseline and a fine-tuned model to the same prompts, side by side.
 
-Without --prompts_file the prompts are the built-in task's held-out ones, and each model's mean checker score
-(1 exact, 0.5 near miss, 0.25 right format only) is printed overall and per skill, for sampled and greedy
-decoding. Any prompts file whose prompts are all built-in task prompts is scored the same way.
+Without --prompts_file the prompts are the held-out ones of --data_path: the built-in task's by default, and each
+model's mean checker score (1 exact, 0.5 near miss, 0.25 right format only) is printed overall and per skill, for
+sampled and greedy decoding; any prompts file whose prompts are all built-in task prompts is scored the same way.
+With a reasoning-gym spec (`--data_path 'reasoning_gym:chain_sum?max_terms=2'`) the prompts are its held-out
+questions (tasks in turn), scored by each task's own verifier in [0, 1], overall and per task.
 
     python training/step1_supervised_finetuning/prompt_eval.py \\
         --model_name_or_path_baseline tiny --model_name_or_path_finetune output/actor --num_prompts 40
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import json
 
-from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
+from inference.evaluation import (evaluate_models, format_score_table, format_side_by_side, heldout_set,
                                   read_prompts_file)
-from utils.args import ArgumentParser, check_output_file
-from utils.errors import ConfigError, cli_entry
-from utils.model_utils import is_reward_model_folder, resolve_model_path
+from utils.model.model_utils import is_reward_model_folder, resolve_model_path
+from utils.runtime.args import ArgumentParser, check_output_file
+from utils.runtime.errors import ConfigError, cli_entry
 
 
 def parse_args(argv=None):
@@ -24,7 +32,11 @@ def parse_args(argv=None):
                         help="The fine-tuned model: a step-1 (or step-3 actor) output folder.")
     parser.add_argument("--prompts_file", type=str, default=None,
                         help="JSON lines with a 'prompt' field, or plain text with one prompt per line, used "
-                             "verbatim; default: the built-in task's held-out prompts.")
+                             "verbatim; default: the held-out prompts of --data_path.")
+    parser.add_argument("--data_path", type=str, nargs="+", default=["builtin"],
+                        help="Whose held-out prompts and checker: 'builtin' (the built-in task), a reasoning-gym "
+                             "spec, reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any "
+                             "other data source (the prompts of its eval split, scored by --reward_model only).")
     parser.add_argument("--num_prompts", type=int, default=None, help="Use only the first N prompts.")
     parser.add_argument("--max_new_tokens", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0, help="Temperature of the sampled decoding.")
@@ -39,7 +51,8 @@ def parse_args(argv=None):
                         help="Write the scores and all answers here (see inference.evaluation.evaluate_models).")
     parser.add_argument("--reward_model", type=str, default=None,
                         help="A reward-model folder (step 2 output): also report each model's mean reward.")
-    parser.add_argument("--dtype", type=str, default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--dtype", type=str, default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="auto: bf16 on a CPU with native bf16 (AMX / AVX-512 BF16), fp32 otherwise.")
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="Allow the model folders' own Python code to run (off by default).")
     args = parser.parse_args(argv)
@@ -49,6 +62,8 @@ def parse_args(argv=None):
         raise ConfigError(f"--samples_per_prompt must be at least 1, got {args.samples_per_prompt}")
     if args.num_show < 0:
         raise ConfigError(f"--num_show must be at least 0, got {args.num_show}")
+    if args.prompts_file and args.data_path != ["builtin"]:
+        raise ConfigError("--prompts_file and --data_path both give the prompts; pass one")
     check_output_file("--output_json", args.output_json)
     return args
 
@@ -61,14 +76,20 @@ def main(argv=None):
         if is_reward_model_folder(resolve_model_path(path)):
             raise ConfigError(f"--model_name_or_path_{name} {path} is a reward model (step 2 output), not a causal "
                               "language model; pass a step-1 or step-3 actor folder or a base model")
-    prompts = read_prompts_file(args.prompts_file) if args.prompts_file else builtin_prompts()
+    if args.prompts_file:
+        prompts, checker = read_prompts_file(args.prompts_file), None
+    else:
+        prompts, checker = heldout_set(args.data_path, args.seed)
     prompts = prompts[:args.num_prompts]
-    from utils.utils import quiet_transformers
+    from utils.runtime.ds_utils import choose_dtype
+    from utils.runtime.dist import quiet_transformers
 
+    args.dtype, why = choose_dtype(args.dtype)
+    print(f"dtype: {args.dtype} ({why})", flush=True)
     quiet_transformers()
     reward_fn = None
     if args.reward_model:
-        from utils.reward_model import load_reward_model, score_answers
+        from utils.model.reward_model import load_reward_model, score_answers
 
         reward_model, reward_tokenizer = load_reward_model(args.reward_model, args.trust_remote_code)
 
@@ -78,7 +99,8 @@ def main(argv=None):
     results = evaluate_models(models, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, greedy_only=args.greedy, seed=args.seed,
                               batch_size=args.batch_size, reward_fn=reward_fn, dtype=args.dtype,
-                              trust_remote_code=args.trust_remote_code, samples_per_prompt=args.samples_per_prompt)
+                              trust_remote_code=args.trust_remote_code, samples_per_prompt=args.samples_per_prompt,
+                              checker=checker)
 
     print(f"{len(prompts)} prompts ({args.samples_per_prompt} sampled answer(s) each); "
           f"baseline = {models['baseline']}, finetune = {models['finetune']}")
@@ -86,8 +108,9 @@ def main(argv=None):
         print(format_side_by_side(prompts, results, args.num_show))
     table = format_score_table(results)
     if table:
-        print("\nmean checker score (1 exact, 0.5 near miss, 0.25 right format only, 0 otherwise)"
-              + ("; reward: mean reward-model score" if args.reward_model else ""))
+        what = ("mean reasoning-gym score (each task's own verifier, 0 to 1)" if checker else
+                "mean checker score (1 exact, 0.5 near miss, 0.25 right format only, 0 otherwise)")
+        print(f"\n{what}" + ("; reward: mean reward-model score" if args.reward_model else ""))
         print(table)
     else:
         print("\n(no scores: the prompts are not all built-in task prompts)")

@@ -4,26 +4,33 @@ A base transformer with a scalar value head scores each sequence at its last rea
 is the Bradley-Terry pairwise loss -log sigmoid(r_chosen - r_rejected), averaged over pairs. Accuracy and the
 mean chosen/rejected scores on the eval split are measured before training, every --eval_interval steps and at
 the end. The result is a reward-model folder in --output_dir that step 3 and rw_eval.py load.
-With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/checkpoint.py), and --resume
+With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and --resume
 continues from the latest one exactly as the uninterrupted run would have gone on.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
 import time
 
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import torch
 
-from utils.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args, add_logging_args,
-                        add_lora_args, add_model_args, add_training_args, check_common_args,
-                        training_flags)
-from utils.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
-from utils.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
-from utils.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
-                          write_metrics)
-from utils.errors import ConfigError, cli_entry
-from utils.model_utils import count_parameters, load_tokenizer, resolve_model_path
-from utils.monitor import Monitor, Throughput, format_scalars
-from utils.reward_model import RewardModel
-from utils.save import save_hf_model
-from utils.utils import all_reduce_mean, assert_finite, print_rank_0, to_device
+from utils.data.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
+from utils.model.model_utils import count_parameters, load_tokenizer, resolve_model_path
+from utils.model.reward_model import RewardModel
+from utils.model.save import save_hf_model
+from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
+                                add_eval_interval_args, add_logging_args, add_lora_args, add_model_args,
+                                add_training_args, check_common_args, training_flags)
+from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
+from utils.runtime.dist import print_rank_0, to_device
+from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
+                                  write_metrics)
+from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.loop import train_loop
+from utils.runtime.monitor import Monitor, Throughput, format_scalars
 
 
 def parse_args(argv=None):
@@ -36,11 +43,7 @@ def parse_args(argv=None):
     add_training_args(parser, default_lr=3e-4)
     add_deepspeed_args(parser)
     add_lora_args(parser)
-    logging = add_logging_args(parser)
-    logging.add_argument("--eval_interval", type=int, default=0,
-                         help="Optimizer steps between evaluations (0: only before and after training).")
-    logging.add_argument("--eval_iters", type=int, default=0,
-                         help="Eval batches per evaluation (0: the whole eval split).")
+    add_eval_interval_args(add_logging_args(parser))
     add_checkpoint_args(parser)
     args = parser.parse_args(argv)
     check_common_args(args)
@@ -115,36 +118,14 @@ def main(argv=None):
         metrics = resumed["metrics"]
     else:
         metrics = {f"{k}_before": v for k, v in run_eval("before training").items()}
-    step = engine.global_steps
-    for epoch in position.epochs(args.num_train_epochs):
-        for micro_step, batch in position.batches(epoch):
-            if step >= total_steps:  # a run resumed from its last checkpoint has nothing left
-                break
-            batch = to_device(batch, device)
-            step_start = time.perf_counter()
-            out = engine(**batch)
-            assert_finite(out["loss"], "the reward-model loss")
-            engine.backward(out["loss"])
-            engine.step()
-            throughput.add(time.perf_counter() - step_start, *batch["input_ids"].shape,
-                           int(batch["attention_mask"].sum()))
-            if (micro_step + 1) % args.gradient_accumulation_steps != 0:
-                continue
-            step = engine.global_steps
-            if step % args.print_interval == 0 or step == total_steps:
-                loss = all_reduce_mean(out["loss"].detach().float()).item()
-                accuracy = all_reduce_mean((out["chosen_end_scores"] > out["rejected_end_scores"]).float().mean())
-                print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: "
-                             f"{format_scalars(loss=loss, batch_accuracy=accuracy.item())}")
-                monitor.write(step, "train", loss=loss, batch_accuracy=accuracy.item(),
-                              lr=engine.lr_scheduler.get_last_lr()[0], **throughput.report())
-            if args.eval_interval and step % args.eval_interval == 0 and step < total_steps:
-                run_eval(f"at step {step}")
-            checkpointer.save_if_due(step, total_steps, {"metrics": metrics})
-            if step >= total_steps:
-                break
-        if step >= total_steps:
-            break
+
+    def loss_and_stats(batch):
+        out = engine(**batch)
+        return out["loss"], {"batch_accuracy": (out["chosen_end_scores"] > out["rejected_end_scores"]).float().mean()}
+
+    train_loop(engine, position, args, total_steps, device, loss_and_stats=loss_and_stats, throughput=throughput,
+               monitor=monitor, checkpointer=checkpointer, checkpoint_state={"metrics": metrics}, run_eval=run_eval,
+               what="the reward-model loss")
     metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
     metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(model),
                    wall_time_s=time.time() - start_time)

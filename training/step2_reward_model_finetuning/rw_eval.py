@@ -16,17 +16,23 @@ token (the end score step 2 trains and step 3 uses as the reward):
 
     python training/step2_reward_model_finetuning/rw_eval.py --model_name_or_path output/reward-models/tiny --heldout
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
 import json
 import random
 
 import numpy as np
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import torch
 
-from utils import task
-from utils.args import ArgumentParser, check_output_file
-from utils.data_utils import SampleCounter, pair_sample
-from utils.errors import ConfigError, DataError, cli_entry
-from utils.reward_model import load_reward_model, score_answers, score_sequences
+from utils.builtin import task
+from utils.data.data_utils import SampleCounter, pair_sample
+from utils.model.reward_model import load_reward_model, score_answers, score_sequences
+from utils.runtime.args import ArgumentParser, check_output_file
+from utils.runtime.errors import ConfigError, DataError, cli_entry
 
 EXAMPLES = (
     # (question, good answer, bad answer): the bad ones are near misses, answers that do not stop, wrong formats
@@ -143,7 +149,7 @@ def eval_examples(model, tokenizer, args):
 
 
 def eval_pairs(model, tokenizer, args):
-    from utils.raw_datasets import read_local_split
+    from utils.data.raw_datasets import read_local_split
 
     rows = read_local_split(args.pairs_file)
     counter = SampleCounter(args.pairs_file)
@@ -174,7 +180,7 @@ def eval_pairs(model, tokenizer, args):
 
 
 def eval_heldout(model, tokenizer, args):
-    from utils.raw_datasets import builtin_data_dir
+    from utils.data.raw_datasets import builtin_data_dir
 
     rng = random.Random(args.seed)
     records = task.heldout_prompts(builtin_data_dir())
@@ -230,7 +236,7 @@ def eval_heldout(model, tokenizer, args):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
-    from utils.utils import quiet_transformers
+    from utils.runtime.dist import quiet_transformers
 
     quiet_transformers()
     model, tokenizer = load_reward_model(args.model_name_or_path, args.trust_remote_code)

@@ -9,139 +9,30 @@ With --save_steps N a resumable checkpoint (both engines, the EMA, the KL contro
 shuffler and metric history) is written between PPO rounds every N prompt batches, and --resume continues from
 the latest one exactly as the uninterrupted run would have gone on.
 """
-import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
 import itertools
-import math
 import random
 import time
 
-import torch
-
-from training.step3_rlhf_finetuning import ppo_math
-from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, split_experience
-from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine, moving_average
-from utils.args import (ArgumentParser, SCHEDULERS, add_checkpoint_args, add_data_args, check_common_args,
-                        training_flags)
-from utils.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
-                              python_random_state, set_python_random_state)
-from utils.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset,
-                              make_dataloader)
-from utils.ds_utils import DTYPES
-from utils.engine import start_run, write_metrics
-from utils.errors import ConfigError, cli_entry
-from utils.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
-from utils.monitor import Monitor, format_scalars
-from utils.save import save_hf_model
-from utils.utils import all_reduce_mean, print_rank_0, to_device
-
-
-def parse_args(argv=None):
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_data_args(parser)
-    add = parser.add_argument
-    add("--unsupervised_dataset_name", type=str, default=None,
-        help="Plain text for the pretraining loss: 'builtin', a local .txt/.jsonl file, or a hub data set.")
-    add("--unsupervised_dataset_config_name", type=str, default=None)
-    add("--unsup_coef", type=float, default=27.8, help="Weight of the unsupervised loss (InstructGPT's gamma).")
-    add("--actor_model_name_or_path", type=str, required=True, help="The step-1 model.")
-    add("--critic_model_name_or_path", type=str, required=True, help="The step-2 reward model.")
-    add("--num_padding_at_beginning", type=int, default=0)
-    add("--trust_remote_code", action="store_true")
-    # batches and lengths
-    add("--per_device_generation_batch_size", type=int, default=16)
-    add("--per_device_training_batch_size", type=int, default=16)
-    add("--generation_batches", type=int, default=1, help="Prompt batches of experience per PPO round.")
-    add("--ppo_epochs", type=int, default=1)
-    add("--max_prompt_seq_len", type=int, default=256)
-    add("--max_answer_seq_len", type=int, default=256)
-    add("--num_train_epochs", type=int, default=1)
-    add("--max_steps", type=int, default=0, help="Stop after this many prompt batches (0: all epochs).")
-    add("--gradient_accumulation_steps", type=int, default=1)
-    # optimisation
-    add("--actor_learning_rate", type=float, default=9.65e-6)
-    add("--critic_learning_rate", type=float, default=5e-6)
-    add("--actor_weight_decay", type=float, default=0.0)
-    add("--critic_weight_decay", type=float, default=0.0)
-    add("--lr_scheduler_type", type=str, default="cosine", choices=SCHEDULERS)
-    add("--num_warmup_steps", type=int, default=100)
-    add("--seed", type=int, default=1234)
-    # DeepSpeed and memory
-    add("--local_rank", type=int, default=-1)
-    add("--enable_hybrid_engine", action="store_true",
-        help="Actor as a DeepSpeedHybridEngine (inference kernels for generation on CUDA; native generate on CPU).")
-    add("--unpin_actor_parameters", action="store_true")
-    add("--release_inference_cache", action="store_true")
-    add("--inference_tp_size", type=int, default=1)
-    add("--tp_gather_partition_size", type=int, default=8)
-    add("--offload", action="store_true")
-    add("--offload_reference_model", action="store_true")
-    add("--offload_reward_model", action="store_true")
-    add("--dtype", type=str, default="auto", choices=DTYPES)
-    add("--actor_zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
-    add("--critic_zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
-    add("--actor_gradient_checkpointing", action="store_true")
-    add("--critic_gradient_checkpointing", action="store_true")
-    add("--actor_dropout", type=float, default=0.0, help="Dropout of actor and reference (0: off, as PPO wants).")
-    add("--critic_dropout", type=float, default=0.0, help="Dropout of critic and reward model.")
-    # LoRA
-    add("--actor_lora_dim", type=int, default=0)
-    add("--actor_lora_module_name", type=str, default="layers.")
-    add("--critic_lora_dim", type=int, default=0)
-    add("--critic_lora_module_name", type=str, default="layers.")
-    add("--only_optimize_lora", action="store_true")
-    add("--actor_lora_learning_rate", type=float, default=5e-4)
-    add("--critic_lora_learning_rate", type=float, default=5e-4)
-    add("--enable_ema", action="store_true", help="Keep an exponential moving average of the actor (actor_ema/).")
-    add("--ema_beta", type=float, default=0.992)
-    # PPO
-    add("--temperature", type=float, default=1.0, help="Sampling temperature of rollouts and of their log-probs.")
-    add("--top_p", type=float, default=1.0, help="Nucleus sampling of rollouts.")
-    add("--kl_coef", type=float, default=0.1, help="KL penalty coefficient (initial value if adaptive).")
-    add("--kl_estimator", type=str, default="k1", choices=("k1", "k2", "k3"))
-    add("--adaptive_kl_target", type=float, default=0.0,
-        help="Target KL (nats per sequence) of the adaptive KL controller; 0 keeps --kl_coef fixed.")
-    add("--adaptive_kl_horizon", type=float, default=10000)
-    add("--reward_clip", type=float, default=5.0, help="Clip the score to [-c, c] (0: no clipping).")
-    add("--normalize_reward", action=argparse.BooleanOptionalAction, default=True,
-        help="Normalise scores by the running mean and std of all scores seen.")
-    add("--whiten_advantages", action=argparse.BooleanOptionalAction, default=True)
-    add("--missing_eos_penalty", type=float, default=1.0,
-        help="Subtracted from the score of an answer that never emits EOS (0: none).")
-    add("--critic_warmup_steps", type=int, default=0, help="PPO rounds that train the critic only.")
-    add("--cliprange", type=float, default=0.2)
-    add("--cliprange_value", type=float, default=0.2)
-    add("--gamma", type=float, default=1.0)
-    add("--lam", type=float, default=0.95)
-    # output
-    add("--output_dir", type=str, required=True)
-    add("--enable_tensorboard", action="store_true")
-    add("--tensorboard_path", type=str, default="step3_tensorboard")
-    add("--print_answers", action="store_true")
-    add("--print_answers_interval", type=int, default=10)
-    add("--print_interval", type=int, default=1)
-    add_checkpoint_args(parser)
-    args = parser.parse_args(argv)
-    check_args(args)
-    return args
-
-
-def check_args(args):
-    check_common_args(args)
-    for name in ("per_device_generation_batch_size", "per_device_training_batch_size", "generation_batches",
-                 "ppo_epochs", "max_prompt_seq_len", "max_answer_seq_len"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name} must be at least 1, not {getattr(args, name)}")
-    if args.per_device_generation_batch_size % args.per_device_training_batch_size:
-        raise ConfigError(f"--per_device_generation_batch_size ({args.per_device_generation_batch_size}) must be a "
-                          f"multiple of --per_device_training_batch_size ({args.per_device_training_batch_size})")
-    if args.only_optimize_lora and args.actor_lora_dim <= 0 and args.critic_lora_dim <= 0:
-        raise ConfigError("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim > 0")
-    if args.inference_tp_size > 1 and args.actor_zero_stage != 3:
-        raise ConfigError("--inference_tp_size > 1 needs --actor_zero_stage 3")
-    if args.offload and 0 in (args.actor_zero_stage, args.critic_zero_stage):
-        raise ConfigError("--offload needs --actor_zero_stage and --critic_zero_stage of 1, 2 or 3 (it moves "
-                          "optimizer state to the CPU)")
-    args.reward_clip = args.reward_clip or None
+from training.step3_rlhf_finetuning.arguments import parse_args
+from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
+from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
+from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
+                                   create_unsupervised_dataset, make_dataloader)
+from utils.model.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
+from utils.model.save import save_hf_model
+from utils.runtime.args import training_flags
+from utils.runtime.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
+                                      python_random_state, set_python_random_state)
+from utils.runtime.dist import print_rank_0, to_device
+from utils.runtime.engine import start_run, write_metrics
+from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.monitor import Monitor, format_scalars
 
 
 def resolve_step_models(args):
@@ -154,12 +45,6 @@ def resolve_step_models(args):
     if not is_reward_model_folder(critic_path):
         raise ConfigError(f"--critic_model_name_or_path {critic_path} is not a reward model folder (step 2 output)")
     return actor_path, critic_path
-
-
-def make_kl_controller(args):
-    if args.adaptive_kl_target > 0:
-        return ppo_math.AdaptiveKLController(args.kl_coef, args.adaptive_kl_target, args.adaptive_kl_horizon)
-    return ppo_math.FixedKLController(args.kl_coef)
 
 
 @cli_entry
@@ -197,9 +82,9 @@ def main(argv=None):
     total_steps = args.num_train_epochs * steps_per_epoch
     total_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
     minibatches = args.per_device_generation_batch_size // args.per_device_training_batch_size
-    num_total_iters = math.ceil(total_steps * minibatches * args.ppo_epochs / args.gradient_accumulation_steps)
-    engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, num_total_iters, world_size)
-    trainer = PPOTrainer(engine, args, make_kl_controller(args), ppo_math.RunningMoments())
+    actor_steps, critic_steps = planned_optimizer_steps(args, total_steps)
+    engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, actor_steps, critic_steps, world_size)
+    trainer = PPOTrainer(engine, args)
     print_rank_0(f"PPO: {len(prompt_dataset)} prompts, {total_steps} steps of {args.per_device_generation_batch_size}"
                  f" x {world_size} rollouts, {args.ppo_epochs} PPO epoch(s) of {minibatches} minibatch(es)")
 
@@ -227,8 +112,8 @@ def main(argv=None):
             step += 1
             if len(experiences) < args.generation_batches:
                 continue
-            stats = ppo_round(trainer, experiences, args, unsup_batches, engine, shuffler,
-                              train_actor=step > args.critic_warmup_steps * args.generation_batches)
+            stats = trainer.train_round(experiences, unsup_batches, shuffler,
+                                        train_actor=step > args.critic_warmup_steps * args.generation_batches)
             trainer.kl_controller.update(stats["kl"], args.per_device_generation_batch_size * world_size
                                          * args.generation_batches)
             stats["kl_coef"] = trainer.kl_controller.value
@@ -252,40 +137,31 @@ def main(argv=None):
             save_hf_model(model_engine.module, tokenizer, f"{args.output_dir}/{name}",
                           model_engine.zero_optimization_stage())
     metrics = summarize(history, time.time() - start_time)
+    metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps,
+                   critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
     write_metrics(args.output_dir, metrics)
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
 
 
-def ppo_round(trainer, experiences, args, unsup_batches, engine, shuffler, train_actor):
-    """ppo_epochs passes over the minibatches of this round's experience; the round's mean statistics."""
-    minibatches = [mb for exp in experiences for mb in split_experience(exp, args.per_device_training_batch_size)]
-    train_start = time.perf_counter()
-    step_stats = []
-    for _ in range(args.ppo_epochs):
-        shuffler.shuffle(minibatches)
-        for minibatch in minibatches:
-            stats = trainer.train_rlhf(minibatch, train_actor)
-            if unsup_batches is not None and train_actor:  # critic warm-up rounds leave the actor alone
-                batch = to_device(next(unsup_batches), trainer.actor.device)
-                stats["unsup_loss"] = trainer.train_unsupervised(batch, args.unsup_coef)
-            if engine.actor_ema is not None:
-                moving_average(engine.actor.module, engine.actor_ema.module, args.ema_beta)
-            step_stats.append(stats)
-    train_time = time.perf_counter() - train_start
-    round_stats = {key: sum(s[key] for s in step_stats) / len(step_stats) for key in step_stats[0]}
-    for key in experiences[0]["stats"]:
-        round_stats[key] = sum(exp["stats"][key] for exp in experiences) / len(experiences)
-    generate_time = sum(exp["stats"]["generate_time"] for exp in experiences)
-    round_stats["tokens_per_s"] = sum(exp["stats"]["generated_tokens"] for exp in experiences) / generate_time
-    round_stats["generate_time"], round_stats["train_time"] = generate_time, train_time
-    del round_stats["generated_tokens"]
-    # Every rank reports the same numbers: the mean over ranks.
-    return {key: all_reduce_mean(torch.tensor(float(value))).item() for key, value in round_stats.items()}
+def planned_optimizer_steps(args, total_steps):
+    """(actor, critic) optimizer steps of the run, the length of their learning-rate schedules.
+
+    Each PPO round (--generation_batches prompt batches) makes ppo_epochs x (its rows / training batch) minibatch
+    updates. The critic steps on every one; the actor skips the critic warm-up rounds and, with an unsupervised
+    data set, takes a second (language-modelling) micro-step after each. DeepSpeed steps the optimizer once per
+    --gradient_accumulation_steps micro-steps."""
+    rounds = total_steps // args.generation_batches
+    updates_per_round = (args.generation_batches * args.ppo_epochs
+                         * (args.per_device_generation_batch_size // args.per_device_training_batch_size))
+    actor_rounds = max(0, rounds - args.critic_warmup_steps)
+    actor_micro_steps = actor_rounds * updates_per_round * (2 if args.unsupervised_dataset_name else 1)
+    accumulation = args.gradient_accumulation_steps
+    return max(1, actor_micro_steps // accumulation), max(1, rounds * updates_per_round // accumulation)
 
 
 def print_sample(experience, tokenizer):
-    prompt_len = experience["prompt_len"]
-    seq, mask = experience["seq"][0], experience["attention_mask"][0]
+    prompt_len = experience.prompt_len
+    seq, mask = experience.seq[0], experience.attention_mask[0]
     prompt = tokenizer.decode(seq[:prompt_len][mask[:prompt_len].bool()], skip_special_tokens=True)
     answer = tokenizer.decode(seq[prompt_len:][mask[prompt_len:].bool()], skip_special_tokens=False)
     print_rank_0(f"  prompt: {prompt!r}\n  answer: {answer!r}")

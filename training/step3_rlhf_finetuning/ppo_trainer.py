@@ -1,46 +1,34 @@
 """PPO on the RLHF engine: make experience (sampled rollouts scored by the reward model), then update the actor
-with the clipped policy loss and the critic with the clipped value loss. The math is in `ppo_math.py`.
-
-Shapes: `seq` is (B, P + A): P left-padded prompt columns, then A answer columns. Per-token tensors of the
-answer (logprobs, values, rewards, advantages) are (B, A); `action_mask` marks the real answer tokens, the first
-EOS included, so the model is rewarded (or not) for stopping. A row whose first answer token is EOS is an empty
-answer: it is kept, scored and penalised like any other, never dropped.
+with the clipped policy loss and the critic with the clipped value loss. The math is in `utils/rl/`, the shapes
+of a batch of experience in `utils/rl/experience.py`. A row whose first answer token is EOS is an empty answer: it
+is kept, scored and penalised like any other, never dropped.
 """
 import time
 
 import torch
 
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
-from training.step3_rlhf_finetuning import ppo_math
-from utils.model_utils import model_forward_kwargs
-from utils.utils import assert_finite
-
-
-def answer_action_mask(answers, eos_token_id):
-    """1 on each answer token up to and including the first EOS (all tokens when there is none)."""
-    is_eos = answers == eos_token_id
-    positions = torch.arange(answers.shape[1], device=answers.device)
-    first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1), answers.shape[1])
-    return (positions.unsqueeze(0) <= first_eos.unsqueeze(1)).to(torch.float32)
-
-
-def split_experience(experience, minibatch_size):
-    """Cut an experience batch into minibatches of `minibatch_size` rows (the row count must divide)."""
-    rows = experience["seq"].shape[0]
-    return [{key: value[start:start + minibatch_size] if torch.is_tensor(value) else value
-             for key, value in experience.items()} for start in range(0, rows, minibatch_size)]
+from utils.model.model_utils import model_forward_kwargs
+from utils.rl.advantages import gae_advantages_and_returns
+from utils.rl.experience import Experience, answer_action_mask
+from utils.rl.frozen import moving_average
+from utils.rl.kl import make_kl_controller
+from utils.rl.losses import policy_loss, value_loss
+from utils.rl.rewards import RunningMoments, compute_rewards
+from utils.rl.tokens import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
+from utils.runtime.dist import all_reduce_mean, assert_finite, to_device
 
 
 class PPOTrainer:
 
-    def __init__(self, rlhf_engine, args, kl_controller, reward_moments):
+    def __init__(self, rlhf_engine, args):
         self.engine = rlhf_engine
         self.actor, self.ref, self.critic, self.reward = (rlhf_engine.actor, rlhf_engine.ref, rlhf_engine.critic,
                                                           rlhf_engine.reward)
         self.tokenizer = rlhf_engine.tokenizer
         self.args = args
-        self.kl_controller = kl_controller
-        self.reward_moments = reward_moments
+        self.kl_controller = make_kl_controller(args.kl_coef, args.adaptive_kl_target, args.adaptive_kl_horizon)
+        self.reward_moments = RunningMoments()
         self.zero3_generation = args.actor_zero_stage == 3 and torch.distributed.get_world_size() > 1
 
     def state_dict(self):
@@ -69,9 +57,9 @@ class PPOTrainer:
         """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked)."""
         logits = model(input_ids=seq, use_cache=False, **model_forward_kwargs(model.module, attention_mask)).logits
         logits = logits[:, prompt_len - 1:-1]
-        logprobs = ppo_math.logprobs_from_logits(logits, seq[:, prompt_len:], self.args.temperature)
+        logprobs = logprobs_from_logits(logits, seq[:, prompt_len:], self.args.temperature)
         if with_entropy:
-            return logprobs, ppo_math.entropy_from_logits(logits.detach(), self.args.temperature)
+            return logprobs, entropy_from_logits(logits.detach(), self.args.temperature)
         return logprobs
 
     def answer_values(self, critic, seq, attention_mask, prompt_len):
@@ -99,26 +87,23 @@ class PPOTrainer:
             _, raw_scores = self.reward.module.forward_value(seq, attention_mask)
             raw_scores = raw_scores.float()
             scores = self.shape_scores(raw_scores, action_mask, answers)
-            rewards, kl = ppo_math.compute_rewards(logprobs, ref_logprobs, scores, action_mask,
-                                                   self.kl_controller.value, args.kl_estimator, args.reward_clip)
-            advantages, returns = ppo_math.gae_advantages_and_returns(values, rewards, action_mask, args.gamma,
-                                                                      args.lam)
+            rewards, kl = compute_rewards(logprobs, ref_logprobs, scores, action_mask,
+                                          self.kl_controller.value, args.kl_estimator, args.reward_clip)
+            advantages, returns = gae_advantages_and_returns(values, rewards, action_mask, args.gamma, args.lam)
             if args.whiten_advantages:
-                advantages = ppo_math.masked_whiten(advantages, action_mask)
+                advantages = masked_whiten(advantages, action_mask)
         self.actor.train()
         self.critic.train()
         lengths = action_mask.sum(1)
         has_eos = (answers == self.tokenizer.eos_token_id).any(1)
-        return {
-            "seq": seq, "attention_mask": attention_mask, "action_mask": action_mask, "prompt_len": prompt_len,
-            "logprobs": logprobs, "ref_logprobs": ref_logprobs, "values": values, "advantages": advantages,
-            "returns": returns,
-            "stats": {"score": raw_scores.mean().item(), "reward": (rewards.sum(1)).mean().item(),
+        return Experience(
+            seq=seq, attention_mask=attention_mask, action_mask=action_mask, prompt_len=prompt_len,
+            logprobs=logprobs, ref_logprobs=ref_logprobs, values=values, advantages=advantages, returns=returns,
+            stats={"score": raw_scores.mean().item(), "reward": (rewards.sum(1)).mean().item(),
                       "kl": kl.sum(1).mean().item(), "answer_length": lengths.float().mean().item(),
                       "eos_fraction": has_eos.float().mean().item(),
                       "empty_fraction": (answers[:, 0] == self.tokenizer.eos_token_id).float().mean().item(),
-                      "generate_time": generate_time, "generated_tokens": int(lengths.sum().item())},
-        }
+                   "generate_time": generate_time, "generated_tokens": int(lengths.sum().item())})
 
     def shape_scores(self, raw_scores, action_mask, answers):
         """The score the policy is rewarded with: the reward model's end score, normalised by the running
@@ -137,26 +122,54 @@ class PPOTrainer:
     def train_rlhf(self, minibatch, train_actor=True):
         """One clipped-PPO step of the actor (unless still warming up the critic) and of the critic."""
         args = self.args
-        seq, attention_mask, action_mask = minibatch["seq"], minibatch["attention_mask"], minibatch["action_mask"]
-        prompt_len = minibatch["prompt_len"]
+        seq, attention_mask, action_mask = minibatch.seq, minibatch.attention_mask, minibatch.action_mask
+        prompt_len = minibatch.prompt_len
         stats = {}
         if train_actor:
             logprobs, entropy = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len, with_entropy=True)
-            actor_loss, policy_stats = ppo_math.policy_loss(logprobs, minibatch["logprobs"], minibatch["advantages"],
-                                                            action_mask, args.cliprange)
+            actor_loss, policy_stats = policy_loss(logprobs, minibatch.logprobs, minibatch.advantages, action_mask,
+                                                   args.cliprange)
             assert_finite(actor_loss, "the actor loss")
             self.actor.backward(actor_loss)
             self.actor.step()
-            stats.update(actor_loss=actor_loss.item(), entropy=ppo_math.masked_mean(entropy, action_mask).item(),
+            stats.update(actor_loss=actor_loss.item(), entropy=masked_mean(entropy, action_mask).item(),
                          **{k: v.item() for k, v in policy_stats.items()})
         values = self.answer_values(self.critic, seq, attention_mask, prompt_len)
-        critic_loss, value_stats = ppo_math.value_loss(values, minibatch["values"], minibatch["returns"], action_mask,
-                                                       args.cliprange_value)
+        critic_loss, value_stats = value_loss(values, minibatch.values, minibatch.returns, action_mask,
+                                              args.cliprange_value)
         assert_finite(critic_loss, "the critic loss")
         self.critic.backward(critic_loss)
         self.critic.step()
         stats.update(critic_loss=critic_loss.item(), **{k: v.item() for k, v in value_stats.items()})
         return stats
+
+    def train_round(self, experiences, unsup_batches, shuffler, train_actor):
+        """ppo_epochs passes over the minibatches of this round's experience (each followed, with an unsupervised
+        data set, by a language-modelling step, and by the EMA update); the round's mean statistics."""
+        args = self.args
+        minibatches = [mb for exp in experiences for mb in exp.split(args.per_device_training_batch_size)]
+        train_start = time.perf_counter()
+        step_stats = []
+        for _ in range(args.ppo_epochs):
+            shuffler.shuffle(minibatches)
+            for minibatch in minibatches:
+                stats = self.train_rlhf(minibatch, train_actor)
+                if unsup_batches is not None and train_actor:  # critic warm-up rounds leave the actor alone
+                    batch = to_device(next(unsup_batches), self.actor.device)
+                    stats["unsup_loss"] = self.train_unsupervised(batch, args.unsup_coef)
+                if self.engine.actor_ema is not None:
+                    moving_average(self.actor.module, self.engine.actor_ema.module, args.ema_beta)
+                step_stats.append(stats)
+        train_time = time.perf_counter() - train_start
+        round_stats = {key: sum(s[key] for s in step_stats) / len(step_stats) for key in step_stats[0]}
+        for key in experiences[0].stats:
+            round_stats[key] = sum(exp.stats[key] for exp in experiences) / len(experiences)
+        generate_time = sum(exp.stats["generate_time"] for exp in experiences)
+        round_stats["tokens_per_s"] = sum(exp.stats["generated_tokens"] for exp in experiences) / generate_time
+        round_stats["generate_time"], round_stats["train_time"] = generate_time, train_time
+        del round_stats["generated_tokens"]
+        # Every rank reports the same numbers: the mean over ranks.
+        return {key: all_reduce_mean(torch.tensor(float(value))).item() for key, value in round_stats.items()}
 
     def train_unsupervised(self, batch, unsup_coef):
         """One step of the pretraining (language-modelling) loss on the actor, scaled by unsup_coef."""

@@ -6,19 +6,17 @@
     reward     frozen step-2 reward model
     actor_ema  optional exponential moving average of the actor (--enable_ema)
 
-Frozen models use ZeRO-3 when the trained model they shadow does, or when they are offloaded; else ZeRO-0.
+Frozen models are built by utils.rl.frozen (ZeRO-3 when the trained model they shadow is, or offloaded).
 Every model is built with dropout off unless asked, so experience and training see the same function.
 """
-import deepspeed
-import torch
 from deepspeed.accelerator import get_accelerator
 
-from utils.ds_utils import get_eval_ds_config, get_train_ds_config
-from utils.engine import init_train_engine, prepare_trainable
-from utils.lora import convert_linear_layer_to_lora
-from utils.model_utils import create_hf_model
-from utils.reward_model import RewardModel
-from utils.utils import print_rank_0
+from utils.model.model_utils import create_hf_model
+from utils.model.reward_model import RewardModel
+from utils.rl.frozen import frozen_causal_lm, frozen_ds_config, frozen_reward_model
+from utils.runtime.dist import print_rank_0
+from utils.runtime.ds_utils import get_train_ds_config
+from utils.runtime.engine import init_train_engine, prepare_trainable
 
 
 def use_native_generate_on_cpu():
@@ -43,9 +41,10 @@ def use_native_generate_on_cpu():
 
 class DeepSpeedRLHFEngine:
 
-    def __init__(self, actor_path, critic_path, tokenizer, args, num_total_iters, world_size):
+    def __init__(self, actor_path, critic_path, tokenizer, args, actor_steps, critic_steps, world_size):
+        """actor_steps, critic_steps: the optimizer steps each model will take, the length of its schedule."""
         self.args, self.tokenizer, self.world_size = args, tokenizer, world_size
-        self.num_total_iters = num_total_iters
+        self.actor_steps, self.critic_steps = actor_steps, critic_steps
         use_native_generate_on_cpu()
         self.actor = self._init_actor(actor_path)
         self.ref = self._init_frozen_causal_lm(actor_path, "reference")
@@ -65,9 +64,8 @@ class DeepSpeedRLHFEngine:
             max_out_tokens=args.max_prompt_seq_len + args.max_answer_seq_len)
 
     def _frozen_config(self, trained_stage, offload):
-        stage = 3 if trained_stage == 3 or offload else 0
-        return get_eval_ds_config(micro_batch_size=self.args.per_device_training_batch_size,
-                                  world_size=self.world_size, dtype=self.args.dtype, stage=stage, offload=offload)
+        return frozen_ds_config(trained_stage=trained_stage, offload=offload, world_size=self.world_size,
+                                micro_batch_size=self.args.per_device_training_batch_size, dtype=self.args.dtype)
 
     def _init_actor(self, path):
         from transformers import AutoModelForCausalLM
@@ -83,23 +81,16 @@ class DeepSpeedRLHFEngine:
                                    weight_decay=args.actor_weight_decay,
                                    lora_learning_rate=args.actor_lora_learning_rate, offload=args.offload,
                                    lr_scheduler_type=args.lr_scheduler_type, num_warmup_steps=args.num_warmup_steps,
-                                   num_training_steps=self.num_total_iters)
+                                   num_training_steps=self.actor_steps)
         print_rank_0(f"actor: {type(engine).__name__}, ZeRO-{args.actor_zero_stage}")
         return engine
 
     def _init_frozen_causal_lm(self, path, what, lora_from=None):
-        """A frozen causal LM (reference, EMA) under the config a frozen copy of the actor gets. With `lora_from`
-        (the actor, for the EMA) it takes that model's LoRA layers and factors, so parameters pair up one to one."""
-        from transformers import AutoModelForCausalLM
-
         args = self.args
         ds_config = self._frozen_config(args.actor_zero_stage, args.offload_reference_model)
-        model = create_hf_model(AutoModelForCausalLM, path, self.tokenizer, ds_config, args.actor_dropout,
-                                args.trust_remote_code)
-        if lora_from is not None and args.actor_lora_dim > 0:
-            convert_linear_layer_to_lora(model, args.actor_lora_module_name, args.actor_lora_dim)
-            copy_lora_factors(lora_from, model)
-        return self._init_frozen(model, ds_config, what)
+        return frozen_causal_lm(path, self.tokenizer, ds_config, what, dropout=args.actor_dropout,
+                                trust_remote_code=args.trust_remote_code, lora_from=lora_from,
+                                lora_dim=args.actor_lora_dim, lora_module_name=args.actor_lora_module_name)
 
     def _init_critic(self, path):
         args = self.args
@@ -113,48 +104,13 @@ class DeepSpeedRLHFEngine:
                                    weight_decay=args.critic_weight_decay,
                                    lora_learning_rate=args.critic_lora_learning_rate, offload=args.offload,
                                    lr_scheduler_type=args.lr_scheduler_type, num_warmup_steps=args.num_warmup_steps,
-                                   num_training_steps=self.num_total_iters)
+                                   num_training_steps=self.critic_steps)
         print_rank_0(f"critic: ZeRO-{args.critic_zero_stage}")
         return engine
 
     def _init_reward(self, path):
         args = self.args
         ds_config = self._frozen_config(args.critic_zero_stage, args.offload_reward_model)
-        model = RewardModel.from_pretrained(path, self.tokenizer, ds_config, args.critic_dropout,
-                                            args.num_padding_at_beginning, args.trust_remote_code)
-        return self._init_frozen(model, ds_config, "reward")
-
-    @staticmethod
-    def _init_frozen(model, ds_config, what):
-        for param in model.parameters():
-            param.requires_grad = False
-        engine, *_ = deepspeed.initialize(model=model, config=ds_config)
-        engine.eval()
-        print_rank_0(f"{what}: frozen, ZeRO-{ds_config['zero_optimization']['stage']}")
-        return engine
-
-
-def copy_lora_factors(source, target):
-    """Start the EMA's LoRA factors from the actor's (they are random at conversion). The actor is already a
-    DeepSpeed engine: under ZeRO-3 its factors are partitioned (empty on this rank) unless small, so each is
-    gathered for the copy (and the target too, with `modifier_rank=0`, should it be partitioned already)."""
-    source_params = dict(source.named_parameters())
-    with torch.no_grad():
-        for name, param in target.named_parameters():
-            if "lora_" in name:
-                source_param = source_params[name]
-                to_gather = [p for p in (source_param, param) if hasattr(p, "ds_id")]
-                with deepspeed.zero.GatheredParameters(to_gather, modifier_rank=0, enabled=bool(to_gather)):
-                    param.copy_(source_param.detach())
-
-
-def moving_average(model, model_ema, beta=0.992):
-    """ema <- beta * ema + (1 - beta) * model, parameter by parameter.
-
-    ZeRO-3 partitioned parameters (of either model) are gathered first, with `modifier_rank=0`, so the update
-    is written back to every partition when the gather ends (without it the update is lost on re-partition)."""
-    with torch.no_grad():
-        for param, param_ema in zip(model.parameters(), model_ema.parameters()):
-            to_gather = [p for p in (param, param_ema) if hasattr(p, "ds_id")]
-            with deepspeed.zero.GatheredParameters(to_gather, modifier_rank=0, enabled=bool(to_gather)):
-                param_ema.data.copy_(torch.lerp(param.data.to(param_ema.dtype), param_ema.data, beta))
+        return frozen_reward_model(path, self.tokenizer, ds_config, dropout=args.critic_dropout,
+                                   num_padding_at_beginning=args.num_padding_at_beginning,
+                                   trust_remote_code=args.trust_remote_code)

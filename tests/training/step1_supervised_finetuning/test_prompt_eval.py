@@ -9,9 +9,9 @@ import pytest
 
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
-from utils import task
-from utils.errors import DataError
-from utils.model_utils import resolve_model_path
+from utils.builtin import task
+from utils.model.model_utils import resolve_model_path
+from utils.runtime.errors import DataError
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "training" / "step1_supervised_finetuning" / "prompt_eval.py"
@@ -145,3 +145,57 @@ def test_prompt_eval_cli_refuses_a_missing_model_before_generating():
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["error: model path /nonexistent/actor does not exist"]
     assert result.stdout == ""
+
+
+def test_score_table_columns_follow_the_scores_with_wide_task_names():
+    results = {"m": {"greedy": {"all": 0.5, "family_relationships": 1.0, "gcd": 0.0, "reward": -1.5},
+                     "answers": {"greedy": ["a", "b"]}}}
+    assert format_score_table(results).splitlines() == [
+        "model  decoding      all  family_relationships      gcd   reward",
+        "m      greedy      0.500                 1.000    0.000   -1.500",
+    ]
+
+
+def test_prompt_eval_on_reasoning_gym_heldout_questions_scores_per_task(tmp_path, capsys):
+    """--data_path with a reasoning-gym spec: its held-out questions, tasks in turn, scored by each task's
+    verifier; evaluation.json has the usual schema with per-task keys."""
+    pytest.importorskip("reasoning_gym")
+    from training.step1_supervised_finetuning import prompt_eval
+    from utils.data.reasoning_gym_data import gym_data
+
+    spec = "reasoning_gym:chain_sum?max_terms=2&size=40,syllogism?size=40"
+    output = tmp_path / "evaluation.json"
+    prompt_eval.main(["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny",
+                      "--data_path", spec, "--num_prompts", "6", "--max_new_tokens", "4", "--num_show", "1",
+                      "--output_json", str(output)])
+    assert "mean reasoning-gym score" in capsys.readouterr().out
+    results = json.loads(output.read_text())
+    data = gym_data(spec)
+    prompts = [item.prompt for item in data.parts["heldout"][:6]]
+    assert [data.verifier.item(p).task for p in prompts] == ["chain_sum", "syllogism"] * 3
+    for name in ("baseline", "finetune"):
+        for decoding in ("sampled", "greedy"):
+            scores = results[name][decoding]
+            assert list(scores) == ["all", "chain_sum", "syllogism"]
+            assert scores == pytest.approx(data.verifier.summarize(prompts, results[name]["answers"][decoding]))
+
+
+
+def test_heldout_set_of_a_local_data_file_is_its_eval_prompts_without_a_checker(tmp_path):
+    """A data source without a checker (a user's preference data): the evaluation's prompts are its eval split's,
+    which no stage trains on, and no checker is claimed for them (a reward model scores them instead)."""
+    from inference.evaluation import heldout_set
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = {"train": [("Is the sky blue?", "Yes.", "No.")] * 3,
+            "eval": [("Name a fruit.", "Apple.", "Chair."), ("Say hi.", "Hi!", "...")]}
+    for split, items in rows.items():
+        (folder / f"{split}.json").write_text("".join(
+            json.dumps({"prompt": f" Human: {p} Assistant:", "chosen": f" {c}", "rejected": f" {r}"}) + "\n"
+            for p, c, r in items))
+    prompts, checker = heldout_set([str(folder)])
+    assert prompts == [" Human: Name a fruit. Assistant:", " Human: Say hi. Assistant:"]
+    assert checker is None
+    both, checker = heldout_set([str(folder), "builtin"])
+    assert both[:2] == prompts and len(both) == 2 + 400 and checker is None

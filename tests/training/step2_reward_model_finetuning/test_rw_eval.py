@@ -16,9 +16,9 @@ from transformers import AutoModel
 
 from training.step2_reward_model_finetuning.rw_eval import (EXAMPLES, average_ranks, pairwise_agreement, pearson,
                                                             spearman)
-from utils import task
-from utils.data_utils import DataCollatorReward, SampleCounter, pair_sample
-from utils.reward_model import RewardModel, score_answers
+from utils.builtin import task
+from utils.data.data_utils import DataCollatorReward, SampleCounter, pair_sample
+from utils.model.reward_model import RewardModel, score_answers
 
 REPO = Path(__file__).resolve().parents[3]
 STEP_DIR = REPO / "training" / "step2_reward_model_finetuning"
@@ -155,7 +155,7 @@ def test_default_mode_scores_good_and_bad_answers(reward_dir, tmp_path):
 
 
 def test_pairs_mode_prints_accuracy(reward_dir, tmp_path):
-    from utils.reward_model import load_reward_model
+    from utils.model.reward_model import load_reward_model
 
     rows = [{"prompt": task.format_prompt(f"What is {a} + {a}?"), "chosen": f" {2 * a}", "rejected": r}
             for a, r in ((3, " 7"), (5, " I don't know."), (8, " 16 Human:"), (9, " 18"), (11, " 22"))]

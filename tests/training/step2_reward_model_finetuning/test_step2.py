@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils.data_utils import create_prompt_dataset
-from utils.errors import ConfigError, DataError
-from utils.raw_datasets import get_raw_dataset
+from utils.data.data_utils import create_prompt_dataset
+from utils.data.raw_datasets import get_raw_dataset
+from utils.runtime.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[3]
 STEP_DIR = REPO / "training" / "step2_reward_model_finetuning"
@@ -132,7 +132,7 @@ def test_bad_data_file_exits_2_with_one_error_line_and_no_output(tmp_path):
 def check_saved_model(out, eval_pairs):
     """The saved folder loads as a reward model and reproduces the accuracy and mean scores that the run
     reported on its first `eval_pairs` eval pairs (the same pairs evaluate_reward saw with --eval_iters)."""
-    from utils.reward_model import load_reward_model, score_answers, score_sequences
+    from utils.model.reward_model import load_reward_model, score_answers, score_sequences
 
     metrics = json.loads((out / "metrics.json").read_text())
     model, tokenizer = load_reward_model(str(out))

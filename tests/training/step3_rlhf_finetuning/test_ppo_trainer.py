@@ -13,12 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from training.step3_rlhf_finetuning import ppo_math
-from training.step3_rlhf_finetuning.main import make_kl_controller, parse_args, ppo_round
-from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, answer_action_mask, split_experience
+from training.step3_rlhf_finetuning.arguments import parse_args
+from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
-from utils.data_utils import DataCollatorRLHF, DataCollatorSFT
-from utils.ds_utils import resolve_dtype
+from utils.data.data_utils import DataCollatorRLHF, DataCollatorSFT
+from utils.rl.experience import answer_action_mask
+from utils.rl.kl import AdaptiveKLController, FixedKLController
+from utils.rl.tokens import masked_mean, masked_var
+from utils.runtime.ds_utils import resolve_dtype
 
 EOS = 2
 
@@ -35,14 +37,14 @@ def make_args(actor_dir, critic_dir, *extra):
 
 def build_engine(actor_dir, critic_dir, tokenizer, *extra):
     args = make_args(actor_dir, critic_dir, *extra)
-    return DeepSpeedRLHFEngine(str(actor_dir), str(critic_dir), tokenizer, args, num_total_iters=10, world_size=1)
+    return DeepSpeedRLHFEngine(str(actor_dir), str(critic_dir), tokenizer, args, actor_steps=10, critic_steps=10, world_size=1)
 
 
 def make_trainer(engine, **overrides):
     args = copy.copy(engine.args)
     for key, value in overrides.items():
         setattr(args, key, value)
-    return PPOTrainer(engine, args, ppo_math.FixedKLController(args.kl_coef), ppo_math.RunningMoments())
+    return PPOTrainer(engine, args)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,8 @@ def gpt2_engine(distributed, tmp_path_factory, tiny_tokenizer):
     padding shifts them unless step 3 passes position ids)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from utils.reward_model import RewardModel
-    from utils.save import save_hf_model
+    from utils.model.reward_model import RewardModel
+    from utils.model.save import save_hf_model
 
     root = tmp_path_factory.mktemp("gpt2")
     actor_dir, critic_dir = root / "step1", root / "step2"
@@ -125,26 +127,26 @@ def test_experience_shapes_and_masks(engine, tiny_tokenizer):
     torch.manual_seed(0)
     exp = trainer.generate_experience(prompts, prompt_mask)
     rows, prompt_len = prompts.shape
-    seq = exp["seq"]
+    seq = exp.seq
     answer_len = seq.shape[1] - prompt_len
     assert seq.shape[0] == rows and 1 <= answer_len <= engine.args.max_answer_seq_len
-    assert exp["prompt_len"] == prompt_len
+    assert exp.prompt_len == prompt_len
     assert torch.equal(seq[:, :prompt_len], prompts)
     answers = seq[:, prompt_len:]
-    action_mask = exp["action_mask"]
+    action_mask = exp.action_mask
     assert torch.equal(action_mask, answer_action_mask(answers, tiny_tokenizer.eos_token_id))
-    assert torch.equal(exp["attention_mask"], torch.cat([prompt_mask, action_mask.long()], 1))
+    assert torch.equal(exp.attention_mask, torch.cat([prompt_mask, action_mask.long()], 1))
     for key in ("logprobs", "ref_logprobs", "values", "advantages", "returns"):
-        assert exp[key].shape == (rows, answer_len), key
-        assert exp[key].dtype == torch.float32, key
-        assert torch.isfinite(exp[key]).all(), key
+        assert getattr(exp, key).shape == (rows, answer_len), key
+        assert getattr(exp, key).dtype == torch.float32, key
+        assert torch.isfinite(getattr(exp, key)).all(), key
     for key in ("values", "advantages", "returns"):
-        assert (exp[key][action_mask == 0] == 0).all(), key
-    assert (exp["logprobs"] <= 0).all() and (exp["ref_logprobs"] <= 0).all()
+        assert (getattr(exp, key)[action_mask == 0] == 0).all(), key
+    assert (exp.logprobs <= 0).all() and (exp.ref_logprobs <= 0).all()
     # Whitened advantages: mean 0 and unbiased variance 1 over the real tokens.
-    assert abs(ppo_math.masked_mean(exp["advantages"], action_mask).item()) < 1e-5
-    assert ppo_math.masked_var(exp["advantages"], action_mask).item() == pytest.approx(1.0, abs=1e-3)
-    stats = exp["stats"]
+    assert abs(masked_mean(exp.advantages, action_mask).item()) < 1e-5
+    assert masked_var(exp.advantages, action_mask).item() == pytest.approx(1.0, abs=1e-3)
+    stats = exp.stats
     assert stats["answer_length"] == pytest.approx(action_mask.sum(1).mean().item())
     assert stats["generated_tokens"] == int(action_mask.sum().item())
     assert all(torch.isfinite(torch.tensor(float(v))) for v in stats.values())
@@ -166,7 +168,7 @@ def test_empty_answers_are_kept_and_every_score_lands_on_the_last_real_token(eng
     penalty = 1.5
     trainer = make_trainer(engine, normalize_reward=False, missing_eos_penalty=penalty, reward_clip=None,
                            kl_coef=0.0)
-    trainer.kl_controller = ppo_math.FixedKLController(0.0)  # rewards = the shaped score alone
+    trainer.kl_controller = FixedKLController(0.0)  # rewards = the shaped score alone
     prompts, prompt_mask = prompt_batch(tiny_tokenizer, count=3)
     answers = torch.tensor([[EOS, pad, pad, pad, pad],   # empty answer
                             [40, 41, EOS, pad, pad],     # stops
@@ -174,19 +176,19 @@ def test_empty_answers_are_kept_and_every_score_lands_on_the_last_real_token(eng
     seq = fake_generation(trainer, prompts, answers)
     exp = trainer.generate_experience(prompts, prompt_mask)
 
-    assert exp["seq"].shape[0] == prompts.shape[0] == 3  # nothing dropped
-    assert exp["action_mask"].sum(1).tolist() == [1, 3, 5]
-    stats = exp["stats"]
+    assert exp.seq.shape[0] == prompts.shape[0] == 3  # nothing dropped
+    assert exp.action_mask.sum(1).tolist() == [1, 3, 5]
+    stats = exp.stats
     assert stats["empty_fraction"] == pytest.approx(1 / 3)
     assert stats["eos_fraction"] == pytest.approx(2 / 3)
     assert stats["answer_length"] == pytest.approx(3.0)
     with torch.no_grad():
-        _, end_scores = engine.reward.module.forward_value(seq, exp["attention_mask"])
+        _, end_scores = engine.reward.module.forward_value(seq, exp.attention_mask)
     assert stats["score"] == pytest.approx(end_scores.mean().item(), abs=1e-6)
     expected = end_scores - penalty * torch.tensor([0.0, 0.0, 1.0])
     # gamma = 1 and the last real token ends the episode, so there the return is the reward: the shaped score.
     last = [0, 2, 4]
-    torch.testing.assert_close(exp["returns"][torch.arange(3), last], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(exp.returns[torch.arange(3), last], expected, atol=1e-5, rtol=0)
     assert stats["reward"] == pytest.approx(expected.mean().item(), abs=1e-5)
 
 
@@ -201,13 +203,13 @@ def test_first_ppo_minibatch_has_ratio_exactly_one_with_dropout_off(engine, tiny
     prompts, prompt_mask = prompt_batch(tiny_tokenizer)
     torch.manual_seed(1)
     exp = trainer.generate_experience(prompts, prompt_mask)
-    assert len(split_experience(exp, args.per_device_training_batch_size)) == 1
-    stats = ppo_round(trainer, [exp], args, None, engine, random.Random(0), train_actor=True)
+    assert len(exp.split(args.per_device_training_batch_size)) == 1
+    stats = trainer.train_round([exp], None, random.Random(0), train_actor=True)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert stats["clipfrac"] == 0.0
     assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-12)
     # The same experience after one update: the policy has moved, so the check above could have failed.
-    again = trainer.train_rlhf(split_experience(exp, args.per_device_training_batch_size)[0])
+    again = trainer.train_rlhf(exp.split(args.per_device_training_batch_size)[0])
     assert abs(again["ratio_mean"] - 1.0) > 1e-7 or again["approx_kl"] > 0
 
 
@@ -219,7 +221,7 @@ def test_ratio_is_exactly_one_under_zero3_hybrid_engine_lora_and_ema(distributed
     prompts, prompt_mask = prompt_batch(tiny_tokenizer)
     torch.manual_seed(2)
     exp = trainer.generate_experience(prompts, prompt_mask)
-    stats = ppo_round(trainer, [exp], trainer.args, None, engine, random.Random(0), train_actor=True)
+    stats = trainer.train_round([exp], None, random.Random(0), train_actor=True)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert stats["clipfrac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-12)
     assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
@@ -287,15 +289,11 @@ def test_shape_scores_normalises_with_the_running_moments_of_all_scores_seen(eng
     assert not torch.allclose(scores + torch.tensor([0.0, 1.0, 0.0, 1.0]), batch_only, atol=1e-3)
 
 
-def test_kl_controller_is_adaptive_when_a_target_is_given(step3_model_dirs):
-    fixed = make_kl_controller(make_args(*step3_model_dirs, "--kl_coef", "0.2"))
-    assert type(fixed) is ppo_math.FixedKLController and fixed.value == 0.2
-    adaptive = make_kl_controller(make_args(*step3_model_dirs, "--kl_coef", "0.2", "--adaptive_kl_target", "3",
-                                            "--adaptive_kl_horizon", "500"))
-    assert type(adaptive) is ppo_math.AdaptiveKLController
+def test_trainer_builds_the_kl_controller_its_flags_ask_for(engine):
+    assert type(make_trainer(engine, kl_coef=0.2).kl_controller) is FixedKLController
+    adaptive = make_trainer(engine, kl_coef=0.2, adaptive_kl_target=3.0, adaptive_kl_horizon=500.0).kl_controller
+    assert type(adaptive) is AdaptiveKLController
     assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.2, 3.0, 500.0)
-    adaptive.update(6.0, 100)  # KL above target: the coefficient grows
-    assert adaptive.value > 0.2
 
 
 def test_experience_uses_the_kl_controllers_current_value(engine, tiny_tokenizer):
@@ -309,8 +307,8 @@ def test_experience_uses_the_kl_controllers_current_value(engine, tiny_tokenizer
         for param in engine.actor.module.parameters():
             param.add_(0.05 * torch.randn(param.shape, generator=generator))
     for coef in (0.0, 0.5):
-        trainer.kl_controller = ppo_math.AdaptiveKLController(coef, target=1.0, horizon=100)
-        stats = trainer.generate_experience(prompts, prompt_mask)["stats"]
+        trainer.kl_controller = AdaptiveKLController(coef, target=1.0, horizon=100)
+        stats = trainer.generate_experience(prompts, prompt_mask).stats
         assert abs(stats["kl"]) > 1e-3
         assert stats["reward"] == pytest.approx(stats["score"] - coef * stats["kl"], abs=1e-5)
 
@@ -326,7 +324,7 @@ def test_train_rlhf_changes_the_critic_and_the_actor_only_when_asked(engine, tin
     exp = trainer.generate_experience(prompts, prompt_mask)
     actor_before, critic_before = params(engine.actor.module), params(engine.critic.module)
     ref_before, reward_before = params(engine.ref.module), params(engine.reward.module)
-    stats = trainer.train_rlhf(split_experience(exp, 4)[0], train_actor=train_actor)
+    stats = trainer.train_rlhf(exp.split(4)[0], train_actor=train_actor)
     assert ("actor_loss" in stats) == train_actor
     assert "critic_loss" in stats and all(torch.isfinite(torch.tensor(v)) for v in stats.values())
     assert "v_head.weight" in changed(critic_before, engine.critic.module)
@@ -361,7 +359,7 @@ def test_ppo_round_with_the_unsupervised_loss_trains_the_actor_only_after_critic
     torch.manual_seed(6)
     exp = trainer.generate_experience(prompts, prompt_mask)
     actor_before, critic_before = params(engine.actor.module), params(engine.critic.module)
-    stats = ppo_round(trainer, [exp], trainer.args, unsup_batches, engine, random.Random(0), train_actor=train_actor)
+    stats = trainer.train_round([exp], unsup_batches, random.Random(0), train_actor=train_actor)
     assert ("unsup_loss" in stats) == ("actor_loss" in stats) == train_actor
     assert changed(critic_before, engine.critic.module)
     assert bool(changed(actor_before, engine.actor.module)) == train_actor

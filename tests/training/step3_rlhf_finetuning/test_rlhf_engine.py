@@ -13,13 +13,13 @@ from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from training.step3_rlhf_finetuning import ppo_math
-from training.step3_rlhf_finetuning.main import parse_args
+from training.step3_rlhf_finetuning.arguments import parse_args
 from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
-from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine, moving_average
-from utils.data_utils import DataCollatorRLHF
-from utils.ds_utils import resolve_dtype
-from utils.lora import LinearLayerLoRA
+from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
+from utils.data.data_utils import DataCollatorRLHF
+from utils.model.lora import LinearLayerLoRA
+from utils.rl.frozen import moving_average
+from utils.runtime.ds_utils import resolve_dtype
 
 
 def make_args(model_dirs, *extra):
@@ -35,7 +35,7 @@ def make_args(model_dirs, *extra):
 
 def build_engine(model_dirs, tokenizer, *extra):
     args = make_args(model_dirs, *extra)
-    return DeepSpeedRLHFEngine(str(model_dirs[0]), str(model_dirs[1]), tokenizer, args, num_total_iters=10,
+    return DeepSpeedRLHFEngine(str(model_dirs[0]), str(model_dirs[1]), tokenizer, args, actor_steps=10, critic_steps=10,
                                world_size=1)
 
 
@@ -179,7 +179,7 @@ def test_offloaded_reference_is_zero3_and_scores_as_a_plain_reference(distribute
     plain_ref = engine._init_frozen_causal_lm(str(step3_model_dirs[0]), "reference")
     assert plain_ref.zero_optimization_stage() == 0 and not partitioned(plain_ref.module)
 
-    trainer = PPOTrainer(engine, engine.args, ppo_math.FixedKLController(0.1), ppo_math.RunningMoments())
+    trainer = PPOTrainer(engine, engine.args)
     prompts, mask = prompt_batch(tiny_tokenizer)
     answers = torch.randint(4, len(tiny_tokenizer), (prompts.shape[0], 6), generator=torch.Generator().manual_seed(1))
     seq = torch.cat([prompts, answers], 1)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from processes import subprocess_env
 
 REPO = Path(__file__).resolve().parents[3]
@@ -40,7 +39,7 @@ def check_outputs(out_dir, model_dirs, tokenizer, with_ema=False):
     holds finite numbers for the requested two steps."""
     from transformers import AutoModelForCausalLM
 
-    from utils.reward_model import RewardModel
+    from utils.model.reward_model import RewardModel
 
     start = AutoModelForCausalLM.from_pretrained(model_dirs[0]).eval()
     actor = AutoModelForCausalLM.from_pretrained(out_dir / "actor").eval()
@@ -64,6 +63,9 @@ def check_outputs(out_dir, model_dirs, tokenizer, with_ema=False):
                 "eos_fraction_end", "wall_time_s"):
         assert isinstance(metrics[key], (int, float)) and math.isfinite(metrics[key]), key
     assert 1 <= metrics["answer_length_end"] <= 8
+    # Each learning-rate schedule is as long as the optimizer steps its model took.
+    assert metrics["actor_optimizer_steps"] == metrics["actor_scheduled_steps"]
+    assert metrics["critic_optimizer_steps"] == metrics["critic_scheduled_steps"]
     return metrics
 
 
@@ -72,7 +74,9 @@ def test_single_gpu_run_with_ema_unsupervised_loss_and_adaptive_kl(step3_model_d
     result = run_step3("single_gpu", step3_model_dirs, 0, 0, out, "--enable_ema", "--unsupervised_dataset_name",
                        "builtin", "--adaptive_kl_target", "0.5", "--adaptive_kl_horizon", "100", "--ppo_epochs", "2")
     assert "actor: DeepSpeedEngine, ZeRO-0" in result.stdout
-    check_outputs(out, step3_model_dirs, tiny_tokenizer, with_ema=True)
+    metrics = check_outputs(out, step3_model_dirs, tiny_tokenizer, with_ema=True)
+    # 2 rounds x 2 epochs x 2 minibatches: the critic steps 8 times; the actor 16 (a PPO and an LM step each).
+    assert (metrics["critic_optimizer_steps"], metrics["actor_optimizer_steps"]) == (8, 16)
     steps = [line for line in result.stdout.splitlines() if re.search(r"step \d/2\b", line)]
     assert len(steps) == 2 and all("unsup_loss=" in line for line in steps)
     # The adaptive controller moved the coefficient off its start value (--kl_coef 0.1) after the first round.
@@ -118,7 +122,7 @@ def test_swapped_model_folders_end_in_one_error_line_and_exit_2(step3_model_dirs
 
 def test_resolve_step_models_checks_each_folders_kind(step3_model_dirs):
     from training.step3_rlhf_finetuning.main import parse_args, resolve_step_models
-    from utils.errors import ConfigError
+    from utils.runtime.errors import ConfigError
 
     actor_dir, critic_dir = map(str, step3_model_dirs)
 
@@ -135,10 +139,30 @@ def test_resolve_step_models_checks_each_folders_kind(step3_model_dirs):
 
 def test_only_optimize_lora_is_accepted_with_an_actor_or_critic_lora_dim():
     from training.step3_rlhf_finetuning.main import parse_args
-    from utils.errors import ConfigError
+    from utils.runtime.errors import ConfigError
 
     base = ["--actor_model_name_or_path", "a", "--critic_model_name_or_path", "b", "--output_dir", "unused"]
     assert parse_args(base + ["--actor_lora_dim", "4", "--only_optimize_lora"]).only_optimize_lora
     assert parse_args(base + ["--critic_lora_dim", "4", "--only_optimize_lora"]).only_optimize_lora
     with pytest.raises(ConfigError, match="--actor_lora_dim or --critic_lora_dim"):
         parse_args(base + ["--only_optimize_lora"])
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({}, (8, 8)),
+    ({"unsupervised_dataset_name": "builtin"}, (16, 8)),
+    ({"unsupervised_dataset_name": "builtin", "gradient_accumulation_steps": 4}, (4, 2)),
+    ({"critic_warmup_steps": 1, "gradient_accumulation_steps": 2}, (2, 4)),
+    ({"generation_batches": 2, "ppo_epochs": 1}, (4, 4)),
+    ({"gradient_accumulation_steps": 3}, (2, 2)),
+])
+def test_planned_optimizer_steps(extra, expected):
+    """(actor, critic) schedule lengths of 2 prompt batches of 4 rows, minibatches of 2, 2 PPO epochs."""
+    from training.step3_rlhf_finetuning.main import parse_args, planned_optimizer_steps
+
+    args = parse_args(["--actor_model_name_or_path", "a", "--critic_model_name_or_path", "c", "--output_dir", "o",
+                       "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
+                       "--ppo_epochs", "2"])
+    for key, value in extra.items():
+        setattr(args, key, value)
+    assert planned_optimizer_steps(args, total_steps=2) == expected

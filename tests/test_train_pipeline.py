@@ -1,0 +1,96 @@
+"""Tests of train.py's stage table: which stages each algorithm runs, what each starts from, the flags every stage
+gets from the pipeline, and the closing evaluation's models. Commands are built in process (no launcher runs);
+tests/training/step1_supervised_finetuning/test_step1.py runs the real thing."""
+import shlex
+from pathlib import Path
+
+import pytest
+
+import train
+from utils.runtime.errors import ConfigError
+
+
+def commands(*argv):
+    """{stage: its run.sh command} and the evaluation command of a `train.py` call."""
+    args = train.parse_args(["--output-dir", "out", *argv])
+    dirs = train.output_dirs(args)
+    stages = [name for name in train.pipeline(args) if train.STAGES[name].step in args.step]
+    return {stage: train.step_command(args, stage, dirs) for stage in stages}, \
+        train.evaluation_command(args, stages, dirs)
+
+
+def script_folder(command):
+    return Path(command[1]).parents[2].name
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], ["sft", "reward", "ppo"]),
+    (["--algorithm", "dpo"], ["sft", "dpo"]),
+    (["--algorithm", "grpo"], ["sft", "reward", "rl"]),
+    (["--algorithm", "rloo", "--reward-fn", "builtin"], ["sft", "rl"]),
+    (["--algorithm", "dpo", "--step", "2"], ["dpo"]),
+    (["--step", "1", "3"], ["sft", "ppo"]),
+])
+def test_each_algorithm_runs_its_stages_in_order(argv, expected):
+    stage_commands, _ = commands(*argv)
+    assert list(stage_commands) == expected
+    for stage, command in stage_commands.items():
+        assert script_folder(command) == train.STAGES[stage].folder
+
+
+def test_each_stage_starts_from_the_outputs_before_it():
+    stage_commands, evaluation = commands("--algorithm", "dpo")
+    assert stage_commands["dpo"][2:5] == ["out/dpo-models/tiny", "0", "out/actor-models/tiny"]
+    assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "out/actor-models/tiny"
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/dpo-models/tiny"
+    assert "--reward_model" not in evaluation
+
+    stage_commands, evaluation = commands("--algorithm", "grpo", "--reward-fn", "builtin")
+    rl = stage_commands["rl"]
+    assert rl[2:4] == ["out/actor-models/tiny", ""]  # no reward model: the run script gets no critic
+    assert rl[rl.index("--advantage_estimator") + 1] == "grpo" and rl[rl.index("--reward_fn") + 1] == "builtin"
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor"
+
+    stage_commands, evaluation = commands()
+    assert stage_commands["ppo"][2:4] == ["out/actor-models/tiny", "out/reward-models/tiny"]
+    assert evaluation[evaluation.index("--reward_model") + 1] == "out/reward-models/tiny"
+
+
+def test_step_one_alone_is_evaluated_against_the_base_model():
+    _, evaluation = commands("--step", "1")
+    assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "tiny"
+    assert commands("--step", "2")[1] is None  # a reward model alone: no actor to compare
+
+
+def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win():
+    stage_commands, evaluation = commands("--data-path", "a.jsonl", "b.jsonl", "--data-split", "1,1,1", "--seed",
+                                          "7", "--zero-stage", "3", "--step2-args", "--seed 9")
+    for stage, command in stage_commands.items():
+        text = shlex.join(command)
+        assert "--data_path a.jsonl b.jsonl --data_split 1,1,1 --seed 7" in text, stage
+        assert "--seed 9" not in text or text.rindex("--seed 9") > text.rindex("--seed 7")
+    assert shlex.join(stage_commands["reward"]).endswith("--seed 9")  # after the pipeline's: argparse keeps it
+    assert stage_commands["sft"][3] == "3" and stage_commands["ppo"][4:6] == ["3", "3"]
+    assert "--data_path a.jsonl b.jsonl" in shlex.join(evaluation)
+    plain, _ = commands()
+    assert all("--data_path" not in command and "--seed" not in command for command in plain.values())
+
+
+def test_per_model_zero_stages_override_the_pipeline_one():
+    stage_commands, _ = commands("--zero-stage", "2", "--reward-zero-stage", "3")
+    assert stage_commands["sft"][3] == "2" and stage_commands["reward"][3] == "3"
+    assert stage_commands["ppo"][4:6] == ["2", "3"]
+
+
+def test_critic_free_stage_takes_step_3_recipe_then_its_own():
+    stage_commands, _ = commands("--algorithm", "grpo", "--reward-fn", "builtin")
+    from training.recipes import recipe_flags
+
+    text = shlex.join(stage_commands["rl"])
+    assert shlex.join(recipe_flags("tiny", 3)) in text
+    assert text.index(shlex.join(recipe_flags("tiny", 3))) < text.index("--enable_tensorboard")
+
+
+def test_a_reward_function_needs_a_critic_free_algorithm():
+    with pytest.raises(ConfigError, match="--reward-fn needs a critic-free --algorithm"):
+        train.parse_args(["--reward-fn", "builtin"])

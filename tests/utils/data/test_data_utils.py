@@ -1,0 +1,314 @@
+"""Tests of utils/data/data_utils.py: data_split parsing and tiling, cached split indices, DS-Chat's phase/part
+semantics, answer-only labels, sample skipping and the three collators."""
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from utils.data.data_utils import (IGNORE_INDEX, DataCollatorPreference, DataCollatorReward, DataCollatorRLHF,
+                                   DataCollatorSFT, SampleCounter, create_prompt_dataset, pair_sample, parse_data_split,
+                                   prompt_sample, sft_sample, split_bounds, split_part_indices)
+from utils.runtime.errors import ConfigError, DataError
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def rows(tag, n):
+    """Rows with unique text, so a sample can be traced back to its row."""
+    return [{"prompt": f" Human: {tag} question {i}? Assistant:", "chosen": f" {tag} good {i}",
+             "rejected": f" {tag} bad {i}"} for i in range(n)]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    directory = tmp_path / "data"
+    directory.mkdir()
+    write_jsonl(directory / "train.json", rows("train", 20))
+    write_jsonl(directory / "eval.json", rows("eval", 10))
+    return directory
+
+
+def ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def decode(tokenizer, token_ids):
+    return tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------- parse_data_split
+
+
+@pytest.mark.parametrize("text, expected", [("2,4,4", [0.2, 0.4, 0.4]), ("10,0,0", [1.0, 0.0, 0.0]),
+                                            ("0.5,0.25,0.25", [0.5, 0.25, 0.25]), ("1,1,2", [0.25, 0.25, 0.5]),
+                                            (" 1, 2 ,1", [0.25, 0.5, 0.25]), ("2,8", [0.2, 0.8]), ("5", [1.0]),
+                                            ("1,1,1,1", [0.25] * 4)])
+def test_parse_data_split_valid(text, expected):
+    fractions = parse_data_split(text)
+    assert fractions == pytest.approx(expected)
+    assert sum(fractions) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("text", ["", "-1,1,1", "1,-0.5,1", "0,0,0", "a,b,c", "1,,2", "nan,1,1", "inf,1,1",
+                                  "2;4;4"])
+def test_parse_data_split_invalid_names_the_flag(text):
+    with pytest.raises(ConfigError, match="--data_split"):
+        parse_data_split(text)
+
+
+# --------------------------------------------------------------------------- split_bounds
+
+
+def test_split_bounds_tile_the_range_in_proportion():
+    rng = random.Random(0)
+    fraction_sets = [parse_data_split(s) for s in ("2,4,4", "1,0,0", "0,1,0", "0,0,1", "1,1,1", "6,2,2", "1,2,7")]
+    fraction_sets += [parse_data_split(",".join(str(rng.uniform(0, 5)) for _ in range(3))) for _ in range(20)]
+    sizes = list(range(0, 64)) + [97, 100, 1000, 12345]
+    for fractions in fraction_sets:
+        for n in sizes:
+            bounds = split_bounds(n, fractions)
+            assert len(bounds) == 3
+            assert bounds[0][0] == 0 and bounds[-1][1] == n
+            for (_, end), (start, _) in zip(bounds, bounds[1:]):
+                assert end == start
+            for (start, end), fraction in zip(bounds, fractions):
+                assert start <= end
+                assert abs((end - start) - fraction * n) <= 1, (n, fractions, bounds)
+
+
+# --------------------------------------------------------------------------- split_part_indices
+
+
+def test_split_parts_are_disjoint_and_cover(tmp_path):
+    for n in (1, 2, 7, 10, 101):
+        parts = [split_part_indices(tmp_path, f"ds{n}", 1234, "train", "2,4,4", part, n) for part in range(3)]
+        joined = np.concatenate(parts)
+        assert sorted(joined.tolist()) == list(range(n))  # each index exactly once
+        assert [len(p) for p in parts] == [end - start for start, end in split_bounds(n, [0.2, 0.4, 0.4])]
+
+
+def test_split_indices_depend_on_the_seed_only(tmp_path):
+    first = split_part_indices(tmp_path / "a", "ds", 7, "train", "2,4,4", 2, 200)
+    again = split_part_indices(tmp_path / "b", "ds", 7, "train", "2,4,4", 2, 200)  # fresh cache folder
+    other_seed = split_part_indices(tmp_path / "c", "ds", 8, "train", "2,4,4", 2, 200)
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, other_seed)
+    assert sorted(first.tolist()) != list(range(first.min(), first.min() + len(first)))  # shuffled, not a slice
+
+
+def test_split_cache_is_written_as_plain_npy_and_read_back(tmp_path):
+    indices = split_part_indices(tmp_path, "ds", 1, "eval", "2,4,4", 1, 50)
+    files = list(tmp_path.glob("*.npy"))
+    assert len(files) == 1
+    assert np.array_equal(np.load(files[0], allow_pickle=False), indices)
+    assert not list(tmp_path.glob("*.tmp*"))
+    # The cache is what is read next time: replace it with other valid indices and they come back.
+    planted = indices[::-1].copy()
+    np.save(files[0], planted, allow_pickle=False)
+    assert np.array_equal(split_part_indices(tmp_path, "ds", 1, "eval", "2,4,4", 1, 50), planted)
+    # A cache of the wrong size (the data set changed under the same name) is rebuilt, not trusted.
+    np.save(files[0], np.array([3, 1, 4], dtype=indices.dtype), allow_pickle=False)
+    assert np.array_equal(split_part_indices(tmp_path, "ds", 1, "eval", "2,4,4", 1, 50), indices)
+    # Other splits, parts and data_splits have their own files.
+    split_part_indices(tmp_path, "ds", 1, "train", "2,4,4", 1, 50)
+    split_part_indices(tmp_path, "ds", 1, "eval", "2,4,4", 2, 50)
+    split_part_indices(tmp_path, "ds", 1, "eval", "1,1,1", 1, 50)
+    assert len(list(tmp_path.glob("*.npy"))) == 4
+
+
+def test_split_cache_from_a_larger_dataset_is_rebuilt(tmp_path):
+    big = split_part_indices(tmp_path, "ds", 3, "train", "1,1,1", 2, 300)
+    assert big.max() >= 100
+    small = split_part_indices(tmp_path, "ds", 3, "train", "1,1,1", 2, 100)
+    assert small.max() < 100
+    assert np.array_equal(small, split_part_indices(tmp_path / "fresh", "ds", 3, "train", "1,1,1", 2, 100))
+    (cache_file,) = tmp_path.glob("*.npy")
+    assert np.array_equal(np.load(cache_file, allow_pickle=False), small)
+
+
+# --------------------------------------------------------------------------- phases and parts
+
+
+def sample_texts(tokenizer, dataset, phase):
+    """The row text each sample came from: prompt + chosen (phases 1, 2) or the prompt (phase 3)."""
+    key = {1: "input_ids", 2: "chosen_ids", 3: "prompt_ids"}[phase]
+    return [decode(tokenizer, sample[key]) for sample in dataset]
+
+
+def test_phase_p_uses_part_p_minus_1_of_train_and_eval(tmp_path, data_dir, tiny_tokenizer):
+    data_split, seed, out = "1,2,7", 42, tmp_path / "cache"
+    by_split = {}
+    for phase in (1, 2, 3):
+        train, evaluation = create_prompt_dataset([str(data_dir)], data_split, str(out), phase, seed,
+                                                  tiny_tokenizer, 128)
+        by_split[phase] = {"train": train, "eval": evaluation}
+    for split_name, source, n in (("train", rows("train", 20), 20), ("eval", rows("eval", 10), 10)):
+        row_of = {}
+        for index, row in enumerate(source):
+            row_of[row["prompt"] + row["chosen"]] = index
+            row_of[row["prompt"]] = index
+        seen = []
+        for phase in (1, 2, 3):
+            found = [row_of[text] for text in sample_texts(tiny_tokenizer, by_split[phase][split_name], phase)]
+            expected_size = [end - start for start, end in split_bounds(n, parse_data_split(data_split))][phase - 1]
+            assert len(found) == len(set(found)) == expected_size  # part p-1's size: 1:2:7 tells the parts apart
+            seen.append(set(found))
+        assert set.union(*seen) == set(range(n))
+        assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])
+    # Every phase read its part from the cache files of this seed (3 phases x 2 splits).
+    assert len(list(out.glob("*.npy"))) == 6
+
+
+def test_create_prompt_dataset_is_reproducible(tmp_path, data_dir, tiny_tokenizer):
+    first = create_prompt_dataset([str(data_dir)], "2,4,4", str(tmp_path / "a"), 2, 5, tiny_tokenizer, 128)
+    second = create_prompt_dataset([str(data_dir)], "2,4,4", str(tmp_path / "b"), 2, 5, tiny_tokenizer, 128)
+    for a, b in zip(first, second):
+        assert [s["chosen_ids"] for s in a] == [s["chosen_ids"] for s in b]
+
+
+def test_create_prompt_dataset_with_nothing_left_raises(tmp_path, data_dir, tiny_tokenizer):
+    with pytest.raises(DataError, match="no train data left for phase 1"):
+        create_prompt_dataset([str(data_dir)], "2,4,4", str(tmp_path), 1, 1, tiny_tokenizer, 3)  # prompts > 3
+    with pytest.raises(DataError, match="no train data left for phase 2"):
+        create_prompt_dataset([str(data_dir)], "10,0,0", str(tmp_path), 2, 1, tiny_tokenizer, 128)  # empty part
+
+
+def test_create_prompt_dataset_refuses_bad_phase_and_split(tmp_path, data_dir, tiny_tokenizer):
+    with pytest.raises(ConfigError):
+        create_prompt_dataset([str(data_dir)], "2,4,4", str(tmp_path), 4, 1, tiny_tokenizer, 128)
+    with pytest.raises(ConfigError, match="--data_split 2,4 has 2 part"):  # step 3 needs a third part
+        create_prompt_dataset([str(data_dir)], "2,4", str(tmp_path), 3, 1, tiny_tokenizer, 128)
+    train, _ = create_prompt_dataset([str(data_dir)], "2,4", str(tmp_path), 2, 1, tiny_tokenizer, 128)
+    assert len(train) > 0  # steps 1 and 2 alone need two parts only
+
+
+# --------------------------------------------------------------------------- SFT samples
+
+
+def test_sft_labels_mask_exactly_the_prompt(tiny_tokenizer):
+    tok, prompt, answer = tiny_tokenizer, " Human: What is 7 + 12? Assistant:", " 19"
+    prompt_ids, answer_ids = tok(prompt)["input_ids"], ids(tok, answer)
+    counter = SampleCounter("sft")
+    sample = sft_sample(tok, prompt, answer, 64, counter)
+    assert sample["input_ids"] == prompt_ids + answer_ids + [tok.eos_token_id]
+    assert sample["labels"] == [IGNORE_INDEX] * len(prompt_ids) + answer_ids + [tok.eos_token_id]
+    assert counter.kept == 1 and not counter.skipped
+
+
+def test_sft_truncates_the_answer_and_skips_a_prompt_that_fills_max_seq_len(tiny_tokenizer):
+    tok, prompt, answer = tiny_tokenizer, " Human: Say hello in uppercase. Assistant:", " HELLO THERE"
+    prompt_len = len(tok(prompt)["input_ids"])
+    counter = SampleCounter("sft")
+    assert sft_sample(tok, prompt, answer, prompt_len, counter) is None
+    assert sft_sample(tok, prompt, answer, prompt_len - 1, counter) is None
+    one = sft_sample(tok, prompt, answer, prompt_len + 1, counter)
+    assert len(one["input_ids"]) == prompt_len + 1
+    assert [label != IGNORE_INDEX for label in one["labels"]] == [False] * prompt_len + [True]
+    assert counter.kept == 1 and sum(counter.skipped.values()) == 2
+    assert "2 prompt fills --max_seq_len" in counter.summary()
+
+
+def test_sft_samples_of_a_dataset_label_answers_only(tmp_path, data_dir, tiny_tokenizer):
+    train, _ = create_prompt_dataset([str(data_dir)], "1,0,0", str(tmp_path), 1, 1, tiny_tokenizer, 128)
+    assert len(train) == 20
+    by_prompt = {row["prompt"]: row for row in rows("train", 20)}
+    for sample in train:
+        n_prompt = sum(label == IGNORE_INDEX for label in sample["labels"])
+        row = by_prompt[decode(tiny_tokenizer, sample["input_ids"][:n_prompt])]
+        assert n_prompt == len(tiny_tokenizer(row["prompt"])["input_ids"])
+        assert sample["labels"][n_prompt:] == ids(tiny_tokenizer, row["chosen"]) + [tiny_tokenizer.eos_token_id]
+
+
+def test_sft_collator_right_pads_and_masks(tiny_tokenizer):
+    tok = tiny_tokenizer
+    counter = SampleCounter("sft")
+    short = sft_sample(tok, " Human: Hi? Assistant:", " Yo", 64, counter)
+    long = sft_sample(tok, " Human: What is the capital of France? Assistant:", " The capital is Paris", 64, counter)
+    batch = DataCollatorSFT(tok.pad_token_id)([short, long])
+    width = len(long["input_ids"])
+    n = len(short["input_ids"])
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (2, width)
+    assert batch["input_ids"][0].tolist() == short["input_ids"] + [tok.pad_token_id] * (width - n)
+    assert batch["labels"][0].tolist() == short["labels"] + [IGNORE_INDEX] * (width - n)
+    assert batch["attention_mask"][0].tolist() == [1] * n + [0] * (width - n)
+    assert batch["input_ids"][1].tolist() == long["input_ids"] and batch["attention_mask"][1].all()
+    assert batch["input_ids"].dtype == batch["labels"].dtype == torch.long
+
+
+# --------------------------------------------------------------------------- pairs and prompts
+
+
+def test_pair_samples_keep_whole_pairs_only(tiny_tokenizer):
+    tok, prompt = tiny_tokenizer, " Human: What is 7 + 12? Assistant:"
+    counter = SampleCounter("pairs")
+    assert pair_sample(tok, prompt, " 19", " 19", 64, counter) is None
+    chosen, rejected = " 19", " I don't know."
+    longest = len(tok(prompt)["input_ids"]) + len(ids(tok, rejected)) + 1
+    assert pair_sample(tok, prompt, chosen, rejected, longest - 1, counter) is None
+    pair = pair_sample(tok, prompt, chosen, rejected, longest, counter)
+    prompt_ids = tok(prompt)["input_ids"]
+    assert pair["chosen_ids"] == prompt_ids + ids(tok, chosen) + [tok.eos_token_id]
+    assert pair["rejected_ids"] == prompt_ids + ids(tok, rejected) + [tok.eos_token_id]
+    assert len(pair["rejected_ids"]) == longest
+    assert counter.kept == 1
+    assert "1 identical chosen and rejected" in counter.summary()
+    assert "1 longer than --max_seq_len" in counter.summary()
+
+
+def test_reward_collator_puts_chosen_rows_first(tiny_tokenizer):
+    tok = tiny_tokenizer
+    counter = SampleCounter("pairs")
+    pairs = [pair_sample(tok, " Human: What is 1 + 1? Assistant:", " 2", " 3 or maybe 4", 64, counter),
+             pair_sample(tok, " Human: Reverse the word \"abc\". Assistant:", " cba", " abc", 64, counter)]
+    batch = DataCollatorReward(tok.pad_token_id)(pairs)
+    sequences = [p["chosen_ids"] for p in pairs] + [p["rejected_ids"] for p in pairs]
+    width = max(len(s) for s in sequences)
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (4, width)
+    for row, sequence in enumerate(sequences):
+        pad = width - len(sequence)
+        assert batch["input_ids"][row].tolist() == sequence + [tok.pad_token_id] * pad
+        assert batch["attention_mask"][row].tolist() == [1] * len(sequence) + [0] * pad
+
+
+def test_prompt_samples_and_left_padding_collator(tiny_tokenizer):
+    tok = tiny_tokenizer
+    counter = SampleCounter("prompts")
+    short_prompt, long_prompt = " Human: Hi? Assistant:", " Human: What is the capital of Peru? Assistant:"
+    long_len = len(tok(long_prompt)["input_ids"])
+    assert prompt_sample(tok, long_prompt, long_len - 1, counter) is None
+    samples = [prompt_sample(tok, short_prompt, long_len, counter), prompt_sample(tok, long_prompt, long_len, counter)]
+    assert counter.kept == 2 and sum(counter.skipped.values()) == 1
+    batch = DataCollatorRLHF(tok.pad_token_id)(samples)
+    short_ids = tok(short_prompt)["input_ids"]
+    pad = long_len - len(short_ids)
+    assert pad > 0
+    assert batch["prompt"][0].tolist() == [tok.pad_token_id] * pad + short_ids
+    assert batch["prompt_att_mask"][0].tolist() == [0] * pad + [1] * len(short_ids)
+    assert batch["prompt"][1].tolist() == tok(long_prompt)["input_ids"]
+    assert batch["prompt_att_mask"][1].all()
+
+
+def test_preference_collator_masks_answer_labels_eos_included(tiny_tokenizer):
+    """answer_mask[b, t] = 1 exactly where the label input_ids[b, t + 1] is an answer token or its EOS, for
+    prompts of different lengths in one batch; precomputed reference log-probs come in the same row order."""
+    tok = tiny_tokenizer
+    triples = [(" Human: What is 1 + 1? Assistant:", " 2", " 3 or maybe 4"),
+               (" Human: Reverse the word \"abcd\". Assistant:", " dcba", " abcd")]
+    counter = SampleCounter("pairs")
+    pairs = [dict(pair_sample(tok, *triple, 64, counter), ref_chosen_logps=-1.0 - i, ref_rejected_logps=-3.0 - i)
+             for i, triple in enumerate(triples)]
+    batch = DataCollatorPreference(tok.pad_token_id)(pairs)
+    assert batch["answer_mask"].shape == (4, batch["input_ids"].shape[1] - 1)
+    answers = [chosen for _, chosen, _ in triples] + [rejected for _, _, rejected in triples]
+    for row, answer in enumerate(answers):
+        labels = batch["input_ids"][row, 1:][batch["answer_mask"][row] == 1].tolist()
+        assert labels == ids(tok, answer) + [tok.eos_token_id]
+    for pair, (prompt, _, _) in zip(pairs, triples):
+        assert pair["prompt_len"] == len(tok(prompt)["input_ids"])
+    assert batch["ref_logps"].tolist() == [-1.0, -2.0, -3.0, -4.0]
+    assert "ref_logps" not in DataCollatorPreference(tok.pad_token_id)(
+        [pair_sample(tok, *triples[0], 64, counter)])

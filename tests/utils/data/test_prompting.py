@@ -1,0 +1,63 @@
+"""DeepSpeed-Chat text prompts and chat-template models: parsing, formatting, tokenizing."""
+import copy
+
+import pytest
+
+from utils.data.data_utils import tokenize_answer, tokenize_prompt
+from utils.data.prompting import encode_prompt_text, format_turns, model_answer, model_prompt, parse_dialogue
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture
+def chat_tokenizer(tiny_tokenizer):
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+@pytest.mark.parametrize("prompt, turns", [
+    (" Human: What is 7 + 12? Assistant:", [("What is 7 + 12?", None)]),
+    ("\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how are you?\n\nAssistant:",
+     [("hi", "hello"), ("how are you?", None)]),
+    ("just a question", [("just a question", None)]),
+    # HH-RLHF rows with an empty assistant turn in the middle: a turn answered with ""
+    ("\n\nHuman: hi\n\nAssistant: Human: anyone?\n\nAssistant:", [("hi", ""), ("anyone?", None)]),
+    (" Human: a Assistant: Human: b Assistant: c Human: d Assistant:", [("a", ""), ("b", "c"), ("d", None)]),
+])
+def test_parse_dialogue(prompt, turns):
+    assert parse_dialogue(prompt) == turns
+
+
+def test_text_form_round_trips_without_a_template(tiny_tokenizer):
+    prompt = " Human: What is 7 + 12? Assistant:"
+    assert format_turns(tiny_tokenizer, parse_dialogue(prompt)) == prompt
+    assert model_prompt(tiny_tokenizer, prompt) == prompt
+    assert model_answer(tiny_tokenizer, " 19") == " 19"
+
+
+def test_a_chat_template_model_gets_its_own_format(chat_tokenizer):
+    text = model_prompt(chat_tokenizer, " Human: What is 7 + 12? Assistant:")
+    assert text == "<|im_start|>user\nWhat is 7 + 12?</s>\n<|im_start|>assistant\n"
+    assert model_answer(chat_tokenizer, " 19") == "19"
+    # Training tokenizes the templated prompt, then the answer without the text form's space, then EOS.
+    assert tokenize_prompt(chat_tokenizer, " Human: What is 7 + 12? Assistant:") == encode_prompt_text(
+        chat_tokenizer, text)
+    answer_ids = tokenize_answer(chat_tokenizer, " 19")
+    assert answer_ids[-1] == chat_tokenizer.eos_token_id
+    assert chat_tokenizer.decode(answer_ids[:-1]) == "19"
+
+
+def test_an_empty_assistant_turn_in_the_middle_is_formatted_for_a_chat_template_model(chat_tokenizer):
+    """It crashed steps 1-3 and rw_eval on HH-RLHF data with SmolLM2 ("only the last turn may be without an
+    assistant answer")."""
+    text = model_prompt(chat_tokenizer, "\n\nHuman: hi\n\nAssistant: Human: anyone there?\n\nAssistant:")
+    assert text == ("<|im_start|>user\nhi</s>\n<|im_start|>assistant\n</s>\n<|im_start|>user\nanyone there?</s>\n"
+                    "<|im_start|>assistant\n")
+    assert tokenize_prompt(chat_tokenizer, "\n\nHuman: hi\n\nAssistant: Human: anyone there?\n\nAssistant:")
+
+
+def test_format_turns_refuses_a_finished_conversation(tiny_tokenizer):
+    with pytest.raises(ValueError):
+        format_turns(tiny_tokenizer, [("q", "a")])

@@ -1,0 +1,155 @@
+"""Tests of utils/model/model_utils.py: resolving --model_name_or_path, loading tokenizers and models, the reward-model
+guard, embedding resize and parameter counting."""
+import json
+import time
+
+import pytest
+import torch
+import transformers
+from transformers import AutoModel, AutoModelForCausalLM
+
+from utils.builtin.tiny import train_tokenizer
+from utils.model.model_utils import (REWARD_MODEL_KEY, configure_dropout, count_parameters, create_hf_model,
+                                     load_tokenizer, position_ids_from_mask, resolve_model_path)
+from utils.runtime.errors import ConfigError
+
+TEXTS = [" Human: What is 1 + 2? Assistant: 3", " Human: Reverse the word \"abc\". Assistant: cba"] * 20
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """Any attempt to reach the hub fails the test loudly."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"unexpected hub lookup {args}")
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, small_config, tiny_tokenizer):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("model")
+    AutoModelForCausalLM.from_config(small_config("llama", vocab_size=len(tiny_tokenizer))).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+# --------------------------------------------------------------------------- resolve_model_path
+
+
+def test_resolve_an_existing_folder(model_dir, no_hub):
+    assert resolve_model_path(str(model_dir)) == str(model_dir)
+
+
+def test_resolve_a_folder_without_config(tmp_path, no_hub):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match="config.json"):
+        resolve_model_path(str(tmp_path))
+
+
+@pytest.mark.parametrize("path", ["./nope", "/nope", "~/surely-not-a-model-folder", "../nope/model",
+                                  "some/deep/path"])
+def test_resolve_a_missing_path_is_quick_and_offline(path, no_hub):
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve_model_path(path)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_resolve_an_unreachable_hub_name(monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("offline")
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    with pytest.raises(ConfigError, match="someone/some-model.*tiny"):
+        resolve_model_path("someone/some-model")
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def save_tokenizer_without(tmp_path, *missing):
+    tokenizer = train_tokenizer(TEXTS, vocab_size=300)
+    for name in missing:
+        setattr(tokenizer, name, None)
+    tokenizer.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_load_tokenizer_uses_eos_as_pad_when_missing(tmp_path):
+    path = save_tokenizer_without(tmp_path, "pad_token")
+    tokenizer = load_tokenizer(str(path), padding_side="left")
+    assert tokenizer.eos_token_id is not None
+    assert tokenizer.pad_token == tokenizer.eos_token and tokenizer.pad_token_id == tokenizer.eos_token_id
+    assert tokenizer.padding_side == "left"
+
+
+def test_load_tokenizer_keeps_its_own_pad(tiny_model_dir):
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert tokenizer.padding_side == "right"
+
+
+def test_load_tokenizer_without_eos_is_refused(tmp_path):
+    path = save_tokenizer_without(tmp_path, "eos_token")
+    with pytest.raises(ConfigError, match="no eos token"):
+        load_tokenizer(str(path))
+
+
+# --------------------------------------------------------------------------- models
+
+
+def test_create_hf_model_loads_a_causal_lm(model_dir, tiny_tokenizer):
+    model = create_hf_model(AutoModelForCausalLM, str(model_dir), tiny_tokenizer, dropout=0.25)
+    assert model.config.end_token_id == tiny_tokenizer.eos_token_id
+    assert model.config.pad_token_id == tiny_tokenizer.pad_token_id
+    assert model.config.attention_dropout == 0.25
+    assert model.get_input_embeddings().num_embeddings == len(tiny_tokenizer)  # fits: not resized
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_a_bf16_folder_loads_in_fp32(tmp_path, small_config, tiny_tokenizer):
+    """A step trained with --dtype bf16 saves bf16 weights; the next step (and a reward model's fp32 value head)
+    must still get fp32, not transformers 5's default of the folder's own dtype."""
+    config = small_config("llama", vocab_size=len(tiny_tokenizer))
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(tmp_path)
+    for model_class in (AutoModelForCausalLM, AutoModel):
+        model = create_hf_model(model_class, str(tmp_path), tiny_tokenizer)
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_create_hf_model_grows_embeddings_to_fit_the_tokenizer(tmp_path, small_config, tiny_tokenizer):
+    AutoModelForCausalLM.from_config(small_config("llama", vocab_size=100)).save_pretrained(tmp_path)
+    model = create_hf_model(AutoModelForCausalLM, str(tmp_path), tiny_tokenizer)
+    rows = model.get_input_embeddings().num_embeddings
+    assert rows >= len(tiny_tokenizer) and rows % 8 == 0 and rows - len(tiny_tokenizer) < 8
+
+
+def test_a_reward_model_folder_is_refused_as_a_causal_lm(model_dir, tmp_path, tiny_tokenizer):
+    import shutil
+
+    folder = tmp_path / "critic"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config[REWARD_MODEL_KEY] = {"num_padding_at_beginning": 0}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="reward model"):
+        create_hf_model(AutoModelForCausalLM, str(folder), tiny_tokenizer)
+    assert create_hf_model(AutoModel, str(folder), tiny_tokenizer) is not None  # as a backbone it loads
+
+
+def test_configure_dropout(small_config):
+    config = small_config("opt")
+    config.attention_dropout = 0.3
+    config = configure_dropout(config, 0.0)
+    assert (config.dropout, config.attention_dropout) == (0.0, 0.0)
+    untouched = small_config("opt")
+    assert configure_dropout(untouched, None).dropout == small_config("opt").dropout != 0.0
+
+
+def test_count_parameters(small_config):
+    model = AutoModelForCausalLM.from_config(small_config("opt"))
+    assert count_parameters(model) == sum(p.numel() for p in model.parameters())
+
+
+def test_position_ids_from_mask():
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 0, 0]]

@@ -1,0 +1,304 @@
+"""Step 2 (DPO): train the step-1 actor on chosen/rejected pairs directly, without a reward model or PPO.
+
+The policy starts from --model_name_or_path (the step-1 actor); a frozen reference (the same weights, or
+--ref_model_name_or_path) scores the same answers. Log-probs are summed over answer tokens only, EOS included
+(utils/rl/tokens.py `sequence_logprobs`), and the loss is one of utils/rl/losses.py's (--loss_type):
+
+    sigmoid  DPO: -log sigmoid(beta * (log-ratio margin)), with --label_smoothing for conservative DPO
+    ipo      IPO: (log-ratio margin - 1 / (2 beta))^2
+    simpo    SimPO: length-normalised log-probs, no reference, margin --simpo_gamma
+
+where the log-ratio margin is (log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l)). The reference runs in
+eval mode under no_grad, once per batch, or once for the whole data set before training with
+--precompute_ref_logps (then it is freed, so training holds one model). Pairs come from the same data sources and
+split as step 2 (phase 2 of --data_split). Loss, accuracy, chosen/rejected rewards, margins and log-probs on the
+eval split are measured before training, every --eval_interval steps and at the end. The result is a Hugging
+Face folder in --output_dir (the DPO actor, for step-1's prompt_eval.py or chat.py).
+With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and
+--resume continues from the latest one exactly as the uninterrupted run would have gone on.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
+import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
+# isort: split
+import gc
+import time
+
+import torch
+
+from utils.data.data_utils import DataCollatorPreference, ListDataset, create_prompt_dataset, make_dataloader
+from utils.model.model_utils import (count_parameters, create_hf_model, load_tokenizer, model_forward_kwargs,
+                                     resolve_model_path)
+from utils.model.save import save_hf_model
+from utils.rl.frozen import frozen_causal_lm, frozen_ds_config
+from utils.rl.losses import PREFERENCE_LOSS_TYPES, preference_loss
+from utils.rl.tokens import sequence_logprobs
+from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
+                                add_eval_interval_args, add_logging_args, add_lora_args, add_model_args,
+                                add_training_args, check_common_args, training_flags)
+from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
+from utils.runtime.dist import print_rank_0, to_device
+from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
+                                  write_metrics)
+from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.loop import train_loop
+from utils.runtime.monitor import Monitor, Throughput, format_scalars
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_args(parser)
+    model = add_model_args(parser)
+    model.add_argument("--ref_model_name_or_path", type=str, default=None,
+                       help="The frozen reference (default: --model_name_or_path, the weights training starts from).")
+    parser.set_defaults(dropout=0.0)  # policy and reference must compute the same function at step 0
+    add_training_args(parser, default_lr=1e-4)
+    deepspeed = add_deepspeed_args(parser)
+    deepspeed.add_argument("--offload_reference_model", action="store_true",
+                           help="Hold the reference's parameters on the CPU (ZeRO-3 offload).")
+    add_lora_args(parser)
+    add_eval_interval_args(add_logging_args(parser))
+    add_checkpoint_args(parser)
+    dpo = parser.add_argument_group("preference loss")
+    dpo.add_argument("--loss_type", type=str, default="sigmoid", choices=PREFERENCE_LOSS_TYPES,
+                     help="sigmoid: DPO; ipo: IPO's squared loss; simpo: SimPO (reference-free).")
+    dpo.add_argument("--beta", type=float, default=0.1,
+                     help="DPO/IPO: scale of the log-ratio reward (IPO's tau); SimPO: scale of the mean log-prob.")
+    dpo.add_argument("--label_smoothing", type=float, default=0.0,
+                     help="Conservative DPO: the probability that a pair's preference label is wrong (0 <= eps < "
+                          "0.5); sigmoid and simpo only.")
+    dpo.add_argument("--simpo_gamma", type=float, default=0.5, help="SimPO's target reward margin.")
+    dpo.add_argument("--precompute_ref_logps", action="store_true",
+                     help="Compute the reference's log-probs of every train and eval pair once before training, "
+                          "then free the reference.")
+    args = parser.parse_args(argv)
+    check_common_args(args)
+    check_dpo_args(args)
+    if not args.output_dir:
+        raise ConfigError("--output_dir is required")
+    return args
+
+
+def check_dpo_args(args):
+    if not args.beta > 0:
+        raise ConfigError(f"--beta must be positive, not {args.beta}")
+    if not 0.0 <= args.label_smoothing < 0.5:
+        raise ConfigError(f"--label_smoothing must be in [0, 0.5), not {args.label_smoothing}")
+    if args.loss_type == "ipo" and args.label_smoothing > 0:
+        raise ConfigError("--label_smoothing applies to --loss_type sigmoid and simpo, not ipo")
+    if args.loss_type == "simpo":
+        given = [flag for flag, value in (("--ref_model_name_or_path", args.ref_model_name_or_path),
+                                          ("--precompute_ref_logps", args.precompute_ref_logps),
+                                          ("--offload_reference_model", args.offload_reference_model)) if value]
+        if given:
+            raise ConfigError(f"--loss_type simpo uses no reference model: drop {', '.join(given)}")
+
+
+def uses_reference(args):
+    return args.loss_type != "simpo"
+
+
+def resolve_reference_path(args, model_path):
+    """The reference's folder (the policy's own by default), its vocabulary checked against the policy's."""
+    if args.ref_model_name_or_path is None:
+        return model_path
+    try:
+        ref_path = resolve_model_path(args.ref_model_name_or_path)
+    except ConfigError as err:
+        raise ConfigError(f"--ref_model_name_or_path: {err}") from None
+    from transformers import AutoConfig
+
+    sizes = [AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code).vocab_size
+             for path in (model_path, ref_path)]
+    if sizes[0] != sizes[1]:
+        raise ConfigError(f"--ref_model_name_or_path {args.ref_model_name_or_path} has a vocabulary of {sizes[1]} "
+                          f"tokens, the model {args.model_name_or_path} one of {sizes[0]}: they must share a "
+                          "tokenizer")
+    return ref_path
+
+
+# ---- log-probs and the loss ----------------------------------------------------------------------------------------
+
+
+def answer_logps(engine, batch):
+    """log pi(y|x) of every row of a preference batch (chosen rows, then rejected rows), summed over the answer's
+    tokens, EOS included. (2B,)"""
+    logits = engine(input_ids=batch["input_ids"], use_cache=False,
+                    **model_forward_kwargs(engine.module, batch["attention_mask"])).logits
+    return sequence_logprobs(logits, batch["input_ids"], batch["answer_mask"])
+
+
+def reference_logps(reference, batch):
+    """The reference's answer log-probs: precomputed ones when the batch carries them, else computed now (the
+    reference is an eval-mode frozen engine, under no_grad); None without a reference (SimPO)."""
+    if "ref_logps" in batch:
+        return batch["ref_logps"]
+    if reference is None:
+        return None
+    with torch.no_grad():
+        return answer_logps(reference, batch)
+
+
+def preference_batch_loss(policy, reference, batch, args):
+    """The loss of one batch of pairs and its stats (utils/rl/losses.py), with the mean chosen and rejected
+    answer log-probs of the policy beside them."""
+    logps = answer_logps(policy, batch)
+    ref_logps = reference_logps(reference, batch)
+    lengths = batch["answer_mask"].sum(dim=-1)
+    pairs = logps.shape[0] // 2
+    ref_chosen, ref_rejected = (None, None) if ref_logps is None else (ref_logps[:pairs], ref_logps[pairs:])
+    loss, stats = preference_loss(args.loss_type, logps[:pairs], logps[pairs:], ref_chosen, ref_rejected,
+                                  lengths[:pairs], lengths[pairs:], beta=args.beta,
+                                  label_smoothing=args.label_smoothing, simpo_gamma=args.simpo_gamma)
+    stats.update(chosen_logps=logps[:pairs].detach().mean(), rejected_logps=logps[pairs:].detach().mean())
+    return loss, stats
+
+
+def evaluate_preference(policy, reference, eval_loader, device, args):
+    """Loss and stats averaged over the pairs of the eval split (or its first --eval_iters batches), all ranks."""
+    policy.eval()
+    sums, pairs = {}, torch.zeros((), device=device)
+    with torch.no_grad():
+        for step, batch in enumerate(eval_loader):
+            if args.eval_iters and step >= args.eval_iters:
+                break
+            batch = to_device(batch, device)
+            loss, stats = preference_batch_loss(policy, reference, batch, args)
+            count = batch["input_ids"].shape[0] // 2
+            for name, value in {"loss": loss, **stats}.items():
+                sums[name] = sums.get(name, 0.0) + value.float() * count
+            pairs += count
+    names = sorted(sums)
+    totals = torch.stack([sums[name] for name in names] + [pairs])
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(totals)
+    policy.train()
+    return {name: (totals[i] / totals[-1].clamp(min=1)).item() for i, name in enumerate(names)}
+
+
+# ---- the reference ---------------------------------------------------------------------------------------------
+
+
+def load_reference(ref_path, tokenizer, args, world_size):
+    """The frozen reference: ZeRO-3 when the policy is (or when offloaded), ZeRO-0 otherwise."""
+    ds_config = frozen_ds_config(trained_stage=args.zero_stage, offload=args.offload_reference_model,
+                                 micro_batch_size=args.per_device_train_batch_size, world_size=world_size,
+                                 dtype=args.dtype)
+    return frozen_causal_lm(ref_path, tokenizer, ds_config, "reference", dropout=args.dropout,
+                            trust_remote_code=args.trust_remote_code)
+
+
+def with_reference_logps(dataset, reference, collator, batch_size, device):
+    """A copy of `dataset` whose pairs carry the reference's answer log-probs (`ref_chosen_logps`,
+    `ref_rejected_logps`). Each rank scores its share of the pairs (all ranks the same number of batches, as
+    ZeRO-3 needs) and the shares are gathered, so every rank gets them all."""
+    from torch.utils.data import DistributedSampler
+
+    distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    share = list(DistributedSampler(dataset, shuffle=False)) if distributed else list(range(len(dataset)))
+    rows = []
+    for start in range(0, len(share), batch_size):
+        indices = share[start:start + batch_size]
+        batch = to_device(collator([dataset[i] for i in indices]), device)
+        logps = reference_logps(reference, batch).double()
+        rows.append(torch.stack([torch.tensor(indices, dtype=torch.float64, device=device), logps[:len(indices)],
+                                 logps[len(indices):]], dim=1))
+    table = torch.cat(rows)
+    if distributed:
+        gathered = [torch.empty_like(table) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(gathered, table)
+        table = torch.cat(gathered)
+    logps = {int(index): (chosen, rejected) for index, chosen, rejected in table.cpu().tolist()}
+    return ListDataset([{**dataset[i], "ref_chosen_logps": logps[i][0], "ref_rejected_logps": logps[i][1]}
+                        for i in range(len(dataset))])
+
+
+def precompute_reference_logps(datasets, ref_path, tokenizer, collator, args, world_size, device):
+    """`datasets` with the reference's log-probs in every pair; the reference is loaded for this and freed after."""
+    start = time.time()
+    reference = load_reference(ref_path, tokenizer, args, world_size)
+    datasets = [with_reference_logps(dataset, reference, collator, args.per_device_eval_batch_size, device)
+                for dataset in datasets]
+    reference.destroy()
+    del reference
+    gc.collect()
+    print_rank_0(f"reference log-probs of {' + '.join(str(len(d)) for d in datasets)} pairs precomputed in "
+                 f"{time.time() - start:.1f} s; reference freed")
+    return datasets
+
+
+@cli_entry
+def main(argv=None):
+    args = parse_args(argv)
+    start_time = time.time()
+    _, world_size, device = start_run(args)
+
+    # Data
+    model_path = resolve_model_path(args.model_name_or_path)
+    ref_path = resolve_reference_path(args, model_path) if uses_reference(args) else None
+    inputs = {"--model_name_or_path": model_path, **({"--ref_model_name_or_path": ref_path} if ref_path else {})}
+    claim_output_dir(args, inputs=inputs)
+    tokenizer = load_tokenizer(model_path, args.trust_remote_code)
+    train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
+                                                        2, args.seed, tokenizer, args.max_seq_len)
+    collator = DataCollatorPreference(tokenizer.pad_token_id)
+
+    # Reference, then policy and engine
+    reference = None
+    if args.precompute_ref_logps:
+        train_dataset, eval_dataset = precompute_reference_logps([train_dataset, eval_dataset], ref_path, tokenizer,
+                                                                 collator, args, world_size, device)
+    elif uses_reference(args):
+        reference = load_reference(ref_path, tokenizer, args, world_size)
+    train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
+    eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
+    ds_config = train_ds_config_from_args(args, world_size)
+    from transformers import AutoModelForCausalLM
+
+    model = create_hf_model(AutoModelForCausalLM, model_path, tokenizer, ds_config, args.dropout,
+                            args.trust_remote_code)
+    total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
+                                       args.max_steps)
+    engine = train_engine_from_args(model, ds_config, args, total_steps)
+    print_rank_0(f"DPO ({args.loss_type}, beta {args.beta}) on {args.model_name_or_path}: "
+                 f"{count_parameters(model) / 1e6:.2f}M parameters, {args.dtype}, ZeRO-{args.zero_stage}, "
+                 f"{world_size} process(es); {len(train_dataset)} train / {len(eval_dataset)} eval pairs; "
+                 f"{total_steps} optimizer steps")
+
+    # Loop (resumed from the latest checkpoint with --resume)
+    position = TrainingPosition(train_loader)
+    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position,
+                                flags=training_flags(args, step="dpo"))
+    resumed = checkpointer.resume() if args.resume else None
+    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step2_dpo")
+    throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)
+
+    def run_eval(when):
+        scores = evaluate_preference(engine, reference, eval_loader, device, args)
+        print_rank_0(f"eval {when}: {format_scalars(**scores)}")
+        monitor.write(engine.global_steps, "eval", **scores)
+        return scores
+
+    if resumed:
+        metrics = resumed["metrics"]
+    else:
+        metrics = {f"{k}_before": v for k, v in run_eval("before training").items()}
+    train_loop(engine, position, args, total_steps, device,
+               loss_and_stats=lambda batch: preference_batch_loss(engine, reference, batch, args),
+               throughput=throughput, monitor=monitor, checkpointer=checkpointer,
+               checkpoint_state={"metrics": metrics}, run_eval=run_eval, what=f"the {args.loss_type} loss")
+    metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
+    metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(model),
+                   wall_time_s=time.time() - start_time)
+    monitor.close()
+
+    # Save
+    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
+    write_metrics(args.output_dir, metrics)
+    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+
+
+if __name__ == "__main__":
+    main()

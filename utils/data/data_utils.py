@@ -1,0 +1,331 @@
+"""From raw data sets to batches: DeepSpeed-Chat's `data_split` across the training steps, tokenization with
+answer-only labels, and the collators of each kind of sample.
+
+`--data_split 2,4,4` cuts every data set's train and eval splits into parts in those proportions, after a seeded
+shuffle: step 1 (SFT) uses part 0, step 2 (reward model or DPO) part 1, step 3 (RL) part 2, so no example is
+trained on twice. A split may have fewer or more parts, as long as every step that runs has its own.
+Phase 1 makes SFT samples (prompt + answer), phase 2 preference pairs, phase 3 prompts. The shuffled indices of each part are cached in `--data_output_path` as `.npy` files written
+and read without pickle.
+"""
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from utils.data.prompting import encode_prompt_text, model_answer, model_prompt
+from utils.runtime.dist import print_rank_0
+from utils.runtime.errors import ConfigError, DataError
+
+IGNORE_INDEX = -100
+PHASES = (1, 2, 3)
+
+
+def parse_data_split(data_split):
+    """`"2,4,4"` -> [0.2, 0.4, 0.4]; refuses anything but finite non-negative numbers with a positive sum."""
+    try:
+        parts = [float(part) for part in data_split.split(",")]
+    except ValueError:
+        parts = []
+    if not parts or not all(0 <= part < float("inf") for part in parts) or sum(parts) <= 0:
+        raise ConfigError(f"--data_split {data_split!r} must be comma-separated finite non-negative numbers with a "
+                          "positive sum, one per step, like 2,4,4")
+    total = sum(parts)
+    return [part / total for part in parts]
+
+
+def split_bounds(data_size, fractions):
+    """Start and end index of each part: cumulative fractions rounded, so the parts tile [0, data_size)."""
+    cumulative = np.round(np.cumsum([0.0] + fractions) * data_size).astype(int)
+    cumulative[-1] = data_size
+    return list(zip(cumulative[:-1], cumulative[1:]))
+
+
+def shuffled_indices(seed, data_size):
+    """DeepSpeed-Chat's `get_shuffle_idx`: a permutation of range(data_size) from a seeded NumPy generator."""
+    dtype = np.uint32 if data_size < 2 ** 32 - 1 else np.int64
+    indices = np.arange(data_size, dtype=dtype)
+    np.random.RandomState(seed=seed).shuffle(indices)
+    return indices
+
+
+def split_part_indices(output_path, dataset_name, seed, split_name, data_split, part, data_size):
+    """Indices of part `part` of a split of `data_size` rows, cached per data set, seed, split and data_split."""
+    fractions = parse_data_split(data_split)
+    if part >= len(fractions):
+        raise ConfigError(f"--data_split {data_split} has {len(fractions)} part(s), but step {part + 1} trains on "
+                          f"part {part + 1}: give one part per step, like 2,4,4")
+    cache_file = os.path.join(output_path, f"{dataset_name}_seed{seed}_{split_name}_{data_split}_{part}.npy")
+    start, end = split_bounds(data_size, fractions)[part]
+    if os.path.isfile(cache_file):
+        indices = np.load(cache_file, allow_pickle=False)
+        if indices.size == end - start and (indices.size == 0 or int(indices.max()) < data_size):
+            return indices
+        # A cache made for a data set of another size under the same name: rebuild it.
+    indices = shuffled_indices(seed, data_size)[start:end]
+    os.makedirs(output_path, exist_ok=True)
+    tmp_file = f"{cache_file}.{os.getpid()}.tmp.npy"
+    np.save(tmp_file, indices, allow_pickle=False)
+    os.replace(tmp_file, cache_file)
+    return indices
+
+
+def tokenize_prompt(tokenizer, prompt):
+    """Prompt token ids, in the model's chat format when it has one, with the special tokens the tokenizer
+    adds at the start (e.g. a BOS)."""
+    return encode_prompt_text(tokenizer, model_prompt(tokenizer, prompt))
+
+
+def tokenize_answer(tokenizer, answer):
+    """Answer token ids followed by EOS: the model is trained to stop."""
+    return tokenizer(model_answer(tokenizer, answer), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+class SampleCounter:
+    """Counts samples kept and skipped (by reason) while a data set is built, for one summary line."""
+
+    def __init__(self, what):
+        self.what, self.kept, self.skipped = what, 0, {}
+
+    def skip(self, reason):
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def summary(self):
+        skipped = ", ".join(f"{count} {reason}" for reason, count in sorted(self.skipped.items()))
+        return f"{self.what}: {self.kept} samples" + (f" (skipped: {skipped})" if skipped else "")
+
+
+def sft_sample(tokenizer, prompt, chosen, max_seq_len, counter):
+    """Prompt + chosen answer + EOS, truncated to max_seq_len; labels are -100 on the prompt."""
+    prompt_ids = tokenize_prompt(tokenizer, prompt)
+    input_ids = (prompt_ids + tokenize_answer(tokenizer, chosen))[:max_seq_len]
+    if len(input_ids) <= len(prompt_ids):
+        counter.skip("prompt fills --max_seq_len")
+        return None
+    counter.kept += 1
+    return {"input_ids": input_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + input_ids[len(prompt_ids):]}
+
+
+def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
+    """Prompt + chosen + EOS and prompt + rejected + EOS, and the prompt's length (the answers start there). A
+    pair that does not fit whole in max_seq_len is skipped (truncation could cut away the very difference being
+    ranked), and so is a pair whose two answers are identical (it carries no preference)."""
+    if chosen == rejected:
+        counter.skip("identical chosen and rejected")
+        return None
+    prompt_ids = tokenize_prompt(tokenizer, prompt)
+    chosen_ids = prompt_ids + tokenize_answer(tokenizer, chosen)
+    rejected_ids = prompt_ids + tokenize_answer(tokenizer, rejected)
+    if max(len(chosen_ids), len(rejected_ids)) > max_seq_len:
+        counter.skip("longer than --max_seq_len")
+        return None
+    counter.kept += 1
+    return {"chosen_ids": chosen_ids, "rejected_ids": rejected_ids, "prompt_len": len(prompt_ids)}
+
+
+def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
+    """Prompt token ids for PPO rollouts; a prompt longer than max_prompt_len is skipped, not cut."""
+    prompt_ids = tokenize_prompt(tokenizer, prompt)
+    if len(prompt_ids) > max_prompt_len:
+        counter.skip("longer than --max_prompt_seq_len")
+        return None
+    counter.kept += 1
+    return {"prompt_ids": prompt_ids}
+
+
+def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter):
+    samples = []
+    for row in rows:
+        prompt = raw.get_prompt(row)
+        if prompt is None:
+            counter.skip("no prompt")
+            continue
+        if train_phase == 3:
+            sample = prompt_sample(tokenizer, prompt, max_seq_len, counter)
+        else:
+            chosen = raw.get_chosen(row)
+            rejected = raw.get_rejected(row) if train_phase == 2 else None
+            if chosen is None or (train_phase == 2 and rejected is None):
+                counter.skip("no answer")
+                continue
+            if train_phase == 1:
+                sample = sft_sample(tokenizer, prompt, chosen, max_seq_len, counter)
+            else:
+                sample = pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter)
+        if sample is not None:
+            samples.append(sample)
+    return samples
+
+
+class ListDataset(torch.utils.data.Dataset):
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        return self.samples[index]
+
+
+def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed, tokenizer, max_seq_len):
+    """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths`, shuffled together.
+
+    `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3."""
+    from utils.data.raw_datasets import get_raw_dataset
+
+    if train_phase not in PHASES:
+        raise ConfigError(f"train_phase must be 1, 2 or 3, not {train_phase}")
+    parse_data_split(data_split)
+    datasets = {}
+    for split_name in ("train", "eval"):
+        counter = SampleCounter(f"phase {train_phase} {split_name}")
+        samples = []
+        for data_path in data_paths:
+            raw = get_raw_dataset(data_path, seed)
+            rows = raw.get_train_data() if split_name == "train" else raw.get_eval_data()
+            part = split_part_indices(output_path, raw.clean_name, seed, split_name, data_split, train_phase - 1,
+                                      len(rows))
+            samples += build_samples(raw, rows.select(part.tolist()), train_phase, tokenizer, max_seq_len,
+                                     counter)
+        print_rank_0(counter.summary())
+        if not samples:
+            raise DataError(f"no {split_name} data left for phase {train_phase} from {', '.join(data_paths)} "
+                            f"with --data_split {data_split} (see the skipped counts above)")
+        order = shuffled_indices(seed, len(samples))
+        datasets[split_name] = ListDataset([samples[i] for i in order])
+    return datasets["train"], datasets["eval"]
+
+
+def pad_right(sequences, pad_value, length=None):
+    length = length or max(len(seq) for seq in sequences)
+    return torch.tensor([seq + [pad_value] * (length - len(seq)) for seq in sequences], dtype=torch.long)
+
+
+def pad_left(sequences, pad_value, length=None):
+    length = length or max(len(seq) for seq in sequences)
+    return torch.tensor([[pad_value] * (length - len(seq)) + seq for seq in sequences], dtype=torch.long)
+
+
+def attention_mask_right(sequences, length=None):
+    return pad_right([[1] * len(seq) for seq in sequences], 0, length)
+
+
+@dataclass
+class DataCollatorSFT:
+    """Right-pads a batch to its longest sequence; padding is masked out of attention and labels."""
+    pad_token_id: int
+
+    def __call__(self, samples):
+        input_ids = [s["input_ids"] for s in samples]
+        return {"input_ids": pad_right(input_ids, self.pad_token_id),
+                "attention_mask": attention_mask_right(input_ids),
+                "labels": pad_right([s["labels"] for s in samples], IGNORE_INDEX)}
+
+
+@dataclass
+class DataCollatorReward:
+    """The chosen sequences of a batch, then its rejected ones (DeepSpeed-Chat's layout), right-padded to one
+    length: rows i and i + batch_size are a pair."""
+    pad_token_id: int
+
+    def __call__(self, samples):
+        sequences = [s["chosen_ids"] for s in samples] + [s["rejected_ids"] for s in samples]
+        return {"input_ids": pad_right(sequences, self.pad_token_id),
+                "attention_mask": attention_mask_right(sequences)}
+
+
+def answer_label_mask(prompt_len, length, width):
+    """1.0 at the next-token label positions t (predicting token t + 1) of the answer, EOS included:
+    prompt_len - 1 <= t < length - 1, in a row of `width` tokens (so width - 1 label positions)."""
+    return [0.0] * (prompt_len - 1) + [1.0] * (length - prompt_len) + [0.0] * (width - length)
+
+
+@dataclass
+class DataCollatorPreference(DataCollatorReward):
+    """DataCollatorReward's batch (chosen rows, then rejected rows) and, for sequence log-probs of the answers,
+    `answer_mask` (2B, T - 1) over next-token labels (`answer_label_mask`). Samples that carry precomputed
+    reference log-probs (`ref_chosen_logps`, `ref_rejected_logps`) give `ref_logps` (2B,) in the same order."""
+
+    def __call__(self, samples):
+        batch = super().__call__(samples)
+        width = batch["input_ids"].shape[1]
+        rows = [(s["prompt_len"], len(s["chosen_ids"])) for s in samples]
+        rows += [(s["prompt_len"], len(s["rejected_ids"])) for s in samples]
+        batch["answer_mask"] = torch.tensor([answer_label_mask(p, n, width) for p, n in rows], dtype=torch.float32)
+        if "ref_chosen_logps" in samples[0]:
+            batch["ref_logps"] = torch.tensor([s["ref_chosen_logps"] for s in samples]
+                                              + [s["ref_rejected_logps"] for s in samples], dtype=torch.float32)
+        return batch
+
+
+@dataclass
+class DataCollatorRLHF:
+    """Left-pads prompts so every rollout starts generating at the same column."""
+    pad_token_id: int
+
+    def __call__(self, samples):
+        prompts = [s["prompt_ids"] for s in samples]
+        return {"prompt": pad_left(prompts, self.pad_token_id),
+                "prompt_att_mask": pad_left([[1] * len(p) for p in prompts], 0)}
+
+
+def make_dataloader(dataset, collator, batch_size, shuffle, seed=0):
+    """A DataLoader over this rank's share of `dataset` (DistributedSampler when distributed)."""
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed)
+    elif shuffle:
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    else:
+        sampler = SequentialSampler(dataset)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator)
+
+
+def create_unsupervised_dataset(name, config_name, tokenizer, block_size, seed):
+    """Plain text for step 3's pretraining loss, tokenized, joined with EOS and cut into blocks of block_size
+    tokens (DeepSpeed-Chat's `group_texts`). `name` is `builtin` (the built-in corpus), a local .txt file (one
+    document per line), a local .json/.jsonl file with a `text` field, or a hub data set with a `text` column."""
+    texts = _unsupervised_texts(name, config_name)
+    ids = []
+    for text in texts:
+        ids += tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    blocks = [ids[start:start + block_size] for start in range(0, len(ids) - block_size + 1, block_size)]
+    if not blocks:
+        raise DataError(f"--unsupervised_dataset_name {name}: fewer than {block_size} tokens of text")
+    order = shuffled_indices(seed, len(blocks))
+    print_rank_0(f"unsupervised: {len(blocks)} blocks of {block_size} tokens from {name}")
+    return ListDataset([{"input_ids": blocks[i], "labels": blocks[i]} for i in order])
+
+
+def _unsupervised_texts(name, config_name):
+    import json
+    from pathlib import Path
+
+    if name == "builtin":
+        from utils.data.raw_datasets import builtin_data_dir
+
+        path = builtin_data_dir() / "unsup.txt"
+    else:
+        path = Path(name)
+    if path.is_file():
+        if path.suffix in (".json", ".jsonl"):
+            texts = []
+            for number, line in enumerate(path.read_text().split("\n"), start=1):  # not at U+2028 in a string
+                if line.strip():
+                    try:
+                        texts.append(json.loads(line)["text"])
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        raise DataError(f"{path}: line {number}: expected a JSON object with a 'text' field") from None
+            return texts
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    if name.startswith((".", "/", "~")):
+        raise DataError(f"--unsupervised_dataset_name {name}: no such file")
+    try:
+        import datasets
+
+        return datasets.load_dataset(name, config_name, split="train")["text"]
+    except Exception as err:
+        raise DataError(f"--unsupervised_dataset_name {name}: could not be loaded ({type(err).__name__}); "
+                        "a local .txt file or 'builtin' works offline") from None

@@ -1,0 +1,76 @@
+"""Prompts as data sets write them and as a model wants them.
+
+Data sets use DeepSpeed-Chat's text form, `" Human: q1 Assistant: a1 Human: q2 Assistant:"`. A model whose
+tokenizer has a chat template (SmolLM2, Llama-3, Qwen...) is given the same conversation in its own format
+instead, ending with its generation prompt, and answers without the leading space of the text form. A model
+without a template gets the text form as it is.
+"""
+import re
+
+from utils.builtin.task import format_prompt as format_task_prompt
+
+_SPEAKER = re.compile(r"(?:^|\s)(Human|Assistant):")
+
+
+def has_chat_template(tokenizer):
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def parse_dialogue(prompt):
+    """[(user, assistant), ..., (user, None)] from a prompt in DeepSpeed-Chat's form; a prompt without
+    speaker markers is one user turn. An empty assistant turn before the last ("... Assistant: Human: ...", about
+    1% of HH-RLHF's rows) is a turn whose answer is "", as written."""
+    pieces = _SPEAKER.split(prompt)
+    if len(pieces) < 3:
+        return [(prompt.strip(), None)]
+    turns, user = [], None
+    for speaker, text in zip(pieces[1::2], pieces[2::2]):
+        text = text.strip()
+        if speaker == "Human":
+            user = text if user is None else f"{user}\n{text}"
+        elif user is not None:
+            turns.append((user, text))
+            user = None
+    if user is not None:
+        turns.append((user, None))
+    if not turns or turns[-1][1] is not None:
+        turns[-1:] = [(turns[-1][0], None)] if turns else [(prompt.strip(), None)]
+    return turns
+
+
+def format_turns(tokenizer, turns):
+    """The prompt text of a conversation: (user, assistant) pairs, the last with assistant None."""
+    if not turns or turns[-1][1] is not None:
+        raise ValueError("the last turn must be the user's, with assistant None")
+    if any(assistant is None for _, assistant in turns[:-1]):
+        raise ValueError("only the last turn may be without an assistant answer")
+    if has_chat_template(tokenizer):
+        messages = []
+        for user, assistant in turns:
+            messages.append({"role": "user", "content": user})
+            if assistant is not None:
+                messages.append({"role": "assistant", "content": assistant})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    parts = []
+    for user, assistant in turns:
+        parts.append(format_task_prompt(user))
+        if assistant is not None:
+            parts.append(" " + assistant)
+    return "".join(parts)
+
+
+def model_prompt(tokenizer, prompt):
+    """A data-set prompt in the model's format."""
+    return format_turns(tokenizer, parse_dialogue(prompt)) if has_chat_template(tokenizer) else prompt
+
+
+def model_answer(tokenizer, answer):
+    """A data-set answer as the model should write it (no leading space after a chat template)."""
+    return answer.strip() if has_chat_template(tokenizer) else answer
+
+
+def encode_prompt_text(tokenizer, text):
+    """Token ids of a prompt already in the model's format: the tokenizer's special tokens are added, except a
+    second BOS when the text starts with one (a chat template that writes it)."""
+    bos = tokenizer.bos_token
+    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]

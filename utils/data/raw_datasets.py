@@ -1,0 +1,574 @@
+"""Raw preference data sets: where the text comes from, before any tokenizing.
+
+A raw data set gives a train split and an eval split (each a `datasets.Dataset`) and,
+for every sample, three strings:
+
+    get_prompt(sample)    e.g. " Human: What is 7 + 12? Assistant:"
+    get_chosen(sample)    e.g. " 19"
+    get_rejected(sample)  e.g. " 21"
+
+They are exactly the text to concatenate: `prompt + chosen` is the full SFT text and
+`prompt + rejected` the rejected conversation. Nothing (no space, no EOS) is inserted
+between or after them here; the tokenizing code appends the end-of-text token.
+
+Names understood by `get_raw_dataset(name, seed)`:
+
+* hub data sets, loaded with `datasets.load_dataset(name)`, with DeepSpeed-Chat's field
+  mapping and prompt formatting: Dahoas/rm-static, Dahoas/full-hh-rlhf,
+  Dahoas/synthetic-instruct-gptj-pairwise, yitingxie/rlhf-reward-datasets,
+  openai/webgpt_comparisons, stanfordnlp/SHP. These need the network the first time
+  (afterwards the `datasets` cache); offline they fail with a one-line `DataError`.
+* `builtin`: the built-in arithmetic task, generated once into
+  `cache_dir()/builtin-data/v<TASK_VERSION>-seed1234` and read like a local directory.
+* `local/jsonfile`: the directory `./data` under the current working directory, holding
+  train.json and eval.json (DeepSpeed-Chat's name for the same idea).
+* `reasoning_gym:<task>[?key=value&...][,<task>...]`: questions of reasoning-gym tasks, generated in
+  memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
+* any existing local path: a directory holding train.json (or train.jsonl) and eval.json
+  (or eval.jsonl), or a single .json/.jsonl file that is split 9:1 into train/eval.
+
+Local file format: JSON lines (one object per line; blank lines ignored) or one JSON array
+of objects, each with the string fields `prompt`, `chosen` and `rejected` (other fields
+are ignored). The strings are used VERBATIM, unlike DeepSpeed-Chat's local/jsonfile which
+inserts spaces: write them already formatted, e.g.
+    {"prompt": " Human: What is 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}
+Empty strings are refused.
+
+Data sets with only a train split (synthetic-instruct-gptj-pairwise, webgpt_comparisons,
+a single local file) are split 9:1 into train/eval by a seeded permutation (numpy
+RandomState(seed), as DeepSpeed-Chat): the same seed gives the same split. The eval part
+has round(n / 10) rows (DeepSpeed-Chat's rule), but at least one.
+
+Every problem with the data is raised as `DataError` (a ValueError) with a one-line message
+naming the data set or file, and where it applies the line, row and field.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+
+from utils.runtime.paths import cache_dir
+
+__all__ = [
+    "DataError",
+    "RawDataset",
+    "HubDataset",
+    "DahoasRmStatic",
+    "DahoasFullHHRLHF",
+    "DahoasSyntheticInstructGPTJPairwise",
+    "YitingxieRLHFRewardDatasets",
+    "OpenAIWebGPTComparisons",
+    "StanfordNLPSHP",
+    "LocalJsonFile",
+    "Builtin",
+    "HUB_DATASETS",
+    "KNOWN_NAMES",
+    "BUILTIN_SEED",
+    "builtin_data_dir",
+    "read_local_split",
+    "split_train_eval",
+    "get_raw_dataset",
+]
+
+REQUIRED_FIELDS = ("prompt", "chosen", "rejected")
+LOCAL_SUFFIXES = (".json", ".jsonl")
+BUILTIN_SEED = 1234
+BUILTIN_FILES = ("train.json", "eval.json", "heldout.json", "unsup.txt")
+
+
+from utils.runtime.errors import DataError  # noqa: E402  (re-exported: callers catch it from here too)
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def split_train_eval(n: int, seed: int, what: str) -> tuple[list[int], list[int]]:
+    """Deterministic 9:1 split of range(n): (train indices, eval indices).
+
+    A numpy RandomState(seed) permutation, as DeepSpeed-Chat; eval gets round(n/10) rows
+    but at least one, train the rest. Needs n >= 2 (`what` names the data for the error).
+    """
+    if n < 2:
+        raise DataError(f"{what}: has {n} usable row(s); at least 2 are needed to split it 9:1 into train and eval")
+    n_eval = max(1, int(round(n / 10)))
+    perm = np.random.RandomState(seed).permutation(n).tolist()
+    return perm[: n - n_eval], perm[n - n_eval:]
+
+
+def _parse_json_rows(path: Path, text: str) -> list[tuple[Any, str]]:
+    """(value, where) for each record of a JSON array or JSON-lines text."""
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        if not isinstance(data, list):  # e.g. "[1] 2" cannot get here, but be safe
+            raise DataError(f"{path}: expected a JSON array of objects or JSON lines")
+        return [(value, f"row {i}") for i, value in enumerate(data)]
+    records = []
+    # JSON lines end at "\n" only: str.splitlines would also split at U+2028, U+0085... that JSON strings may hold.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: malformed JSON on line {lineno} (column {exc.colno}): {exc.msg}") from None
+        records.append((value, f"row {len(records)} (line {lineno})"))
+    return records
+
+
+def read_local_split(path: str | os.PathLike) -> datasets.Dataset:
+    """Read and validate one local split file (JSON lines or a JSON array).
+
+    Each record must be an object whose `prompt`, `chosen` and `rejected` are non-empty
+    strings; other fields are dropped. Rows are numbered from 0 in the messages, lines
+    from 1. Returns a `datasets.Dataset` with exactly those three columns.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    rows = []
+    for value, where in _parse_json_rows(path, text):
+        if not isinstance(value, dict):
+            raise DataError(f"{path}: {where}: expected a JSON object, got {type(value).__name__}")
+        row = {}
+        for field in REQUIRED_FIELDS:
+            if field not in value:
+                raise DataError(f"{path}: {where}: missing field '{field}'")
+            if not isinstance(value[field], str):
+                raise DataError(
+                    f"{path}: {where}: field '{field}' must be a string, got {type(value[field]).__name__}")
+            if not value[field]:
+                raise DataError(f"{path}: {where}: field '{field}' is empty")
+            row[field] = value[field]
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no rows (the split is empty)")
+    return datasets.Dataset.from_list(rows)
+
+
+def _files_digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(str(p.resolve()).encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:10]
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_") or "data"
+
+
+# --------------------------------------------------------------------------- base
+
+
+class RawDataset:
+    """A data set's train/eval splits and per-sample prompt/chosen/rejected text."""
+
+    name: str = ""        # registry name, e.g. "Dahoas/rm-static"
+    clean_name: str = ""  # filesystem-safe, for cache file names
+
+    def __init__(self, seed: int = BUILTIN_SEED):
+        self.seed = seed
+
+    def get_train_data(self) -> datasets.Dataset | None:
+        return None
+
+    def get_eval_data(self) -> datasets.Dataset | None:
+        return None
+
+    def get_prompt(self, sample) -> str | None:
+        return None
+
+    def get_chosen(self, sample) -> str | None:
+        return None
+
+    def get_rejected(self, sample) -> str | None:
+        return None
+
+    def get_prompt_and_chosen(self, sample) -> str | None:
+        prompt, chosen = self.get_prompt(sample), self.get_chosen(sample)
+        return None if prompt is None or chosen is None else prompt + chosen
+
+    def get_prompt_and_rejected(self, sample) -> str | None:
+        prompt, rejected = self.get_prompt(sample), self.get_rejected(sample)
+        return None if prompt is None or rejected is None else prompt + rejected
+
+    def _text(self, sample, field: str) -> str:
+        """sample[field] as a string, or a DataError naming the data set and field."""
+        try:
+            value = sample[field]
+        except (KeyError, IndexError, TypeError):
+            raise DataError(f"{self.name}: sample has no field '{field}'") from None
+        if not isinstance(value, str):
+            raise DataError(f"{self.name}: field '{field}' must be a string, got {type(value).__name__}")
+        return value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, seed={self.seed})"
+
+
+# --------------------------------------------------------------------------- hub
+
+
+class HubDataset(RawDataset):
+    """A data set from the Hugging Face hub, or the same schema passed in as `raw=`."""
+
+    train_split: str = "train"
+    eval_split: str | None = "test"  # None: only train exists; it is split 9:1
+
+    def __init__(self, seed: int = BUILTIN_SEED, raw: datasets.DatasetDict | None = None):
+        super().__init__(seed)
+        self.raw = raw if raw is not None else self._load()
+        needed = [self.train_split] + ([self.eval_split] if self.eval_split else [])
+        for split in needed:
+            if split not in self.raw:
+                have = ", ".join(self.raw.keys()) or "none"
+                raise DataError(f"{self.name}: no '{split}' split (it has: {have})")
+            if len(self.raw[split]) == 0:
+                raise DataError(f"{self.name}: the '{split}' split is empty")
+        self._split: tuple[list[int], list[int]] | None = None
+
+    def _load(self) -> datasets.DatasetDict:
+        try:
+            return datasets.load_dataset(self.name)
+        except Exception as exc:  # offline / not found / any hub failure: one line for the user
+            raise DataError(
+                f"data set '{self.name}' could not be downloaded from the Hugging Face hub "
+                f"({type(exc).__name__}: {_one_line(exc, 120)}); offline, a local path "
+                f"(a directory with train.json and eval.json, or a .json/.jsonl file) or 'builtin' works"
+            ) from exc
+
+    def _usable_train_indices(self) -> list[int]:
+        """Rows of the train split that can be used (all, unless a subclass filters)."""
+        return list(range(len(self.raw[self.train_split])))
+
+    def _train_eval_indices(self) -> tuple[list[int], list[int]]:
+        if self._split is None:
+            usable = self._usable_train_indices()
+            train, evl = split_train_eval(len(usable), self.seed, f"{self.name} train split")
+            self._split = ([usable[i] for i in train], [usable[i] for i in evl])
+        return self._split
+
+    def get_train_data(self) -> datasets.Dataset:
+        ds = self.raw[self.train_split]
+        if self.eval_split is not None:
+            return ds
+        return ds.select(self._train_eval_indices()[0], keep_in_memory=True)
+
+    def get_eval_data(self) -> datasets.Dataset:
+        if self.eval_split is not None:
+            return self.raw[self.eval_split]
+        return self.raw[self.train_split].select(self._train_eval_indices()[1], keep_in_memory=True)
+
+
+class DahoasRmStatic(HubDataset):
+    """prompt/response/chosen/rejected, already formatted ("\\n\\nHuman: ... Assistant:", " answer")."""
+
+    name = "Dahoas/rm-static"
+    clean_name = "Dahoas_rm_static"
+
+    def get_prompt(self, sample):
+        return self._text(sample, "prompt")
+
+    def get_chosen(self, sample):
+        return self._text(sample, "chosen")
+
+    def get_rejected(self, sample):
+        return self._text(sample, "rejected")
+
+
+class DahoasFullHHRLHF(DahoasRmStatic):
+    name = "Dahoas/full-hh-rlhf"
+    clean_name = "Dahoas_full_hh_rlhf"
+
+
+class DahoasSyntheticInstructGPTJPairwise(HubDataset):
+    """Bare prompt/chosen/rejected; train only. Wrapped as " Human: <p> Assistant:" + " <answer>"."""
+
+    name = "Dahoas/synthetic-instruct-gptj-pairwise"
+    clean_name = "Dahoas_synthetic_instruct_gptj_pairwise"
+    eval_split = None
+
+    def get_prompt(self, sample):
+        return " Human: " + self._text(sample, "prompt") + " Assistant:"
+
+    def get_chosen(self, sample):
+        return " " + self._text(sample, "chosen")
+
+    def get_rejected(self, sample):
+        return " " + self._text(sample, "rejected")
+
+
+class YitingxieRLHFRewardDatasets(HubDataset):
+    """prompt is the conversation up to the last assistant turn; chosen/rejected start with "Assistant:".
+
+    As DeepSpeed-Chat: prompt + "Assistant:", and the answers are the text after their last
+    "Assistant:", so prompt + chosen is the original prompt + chosen. "Assistant:" is not
+    appended twice when the prompt already ends with it.
+    """
+
+    name = "yitingxie/rlhf-reward-datasets"
+    clean_name = "yitingxie_rlhf_reward_datasets"
+
+    def get_prompt(self, sample):
+        prompt = self._text(sample, "prompt")
+        return prompt if prompt.rstrip().endswith("Assistant:") else prompt + "Assistant:"
+
+    def get_chosen(self, sample):
+        return self._text(sample, "chosen").split("Assistant:")[-1]
+
+    def get_rejected(self, sample):
+        return self._text(sample, "rejected").split("Assistant:")[-1]
+
+
+class OpenAIWebGPTComparisons(HubDataset):
+    """question.full_text, answer_0/1, score_0/1; train only.
+
+    chosen is the answer with the higher score, rejected the other; ties (no preference)
+    are left out of both splits, and get_chosen/get_rejected return None for them.
+    Citations like "[1]" or "(2)" are removed with DeepSpeed-Chat's two regexes.
+    """
+
+    name = "openai/webgpt_comparisons"
+    clean_name = "openai_webgpt_comparisons"
+    eval_split = None
+
+    def _usable_train_indices(self):
+        ds = self.raw[self.train_split]
+        for field in ("score_0", "score_1"):
+            if field not in ds.column_names:
+                raise DataError(f"{self.name}: no field '{field}'")
+        usable = []
+        for i, (a, b) in enumerate(zip(list(ds["score_0"]), list(ds["score_1"]))):
+            try:
+                a, b = float(a), float(b)
+            except (TypeError, ValueError):
+                raise DataError(f"{self.name}: train row {i}: 'score_0'/'score_1' must be numbers") from None
+            if a != b:
+                usable.append(i)
+        return usable
+
+    def _scores(self, sample) -> tuple[float, float]:
+        out = []
+        for field in ("score_0", "score_1"):
+            try:
+                out.append(float(sample[field]))
+            except (KeyError, TypeError, ValueError):
+                raise DataError(f"{self.name}: field '{field}' is missing or not a number") from None
+        return out[0], out[1]
+
+    @staticmethod
+    def _strip_citations(text: str) -> str:
+        text = re.sub(r" [\(\[].*?[\)\]]", "", text)
+        return re.sub(r"[\(\[].*?[\)\]]", "", text)
+
+    def _answer(self, sample, better: bool) -> str | None:
+        s0, s1 = self._scores(sample)
+        if s0 == s1:
+            return None
+        field = "answer_0" if (s0 > s1) == better else "answer_1"
+        return " " + self._strip_citations(self._text(sample, field))
+
+    def get_prompt(self, sample):
+        question = sample.get("question") if isinstance(sample, dict) else None
+        if not isinstance(question, dict):
+            raise DataError(f"{self.name}: field 'question' is missing or not an object")
+        text = question.get("full_text")
+        if not isinstance(text, str):
+            raise DataError(f"{self.name}: field 'question.full_text' is missing or not a string")
+        return " Human: " + text + " Assistant:"
+
+    def get_chosen(self, sample):
+        return self._answer(sample, better=True)
+
+    def get_rejected(self, sample):
+        return self._answer(sample, better=False)
+
+
+class StanfordNLPSHP(HubDataset):
+    """history, human_ref_A/B, labels (1: A preferred, 0: B preferred); train/validation."""
+
+    name = "stanfordnlp/SHP"
+    clean_name = "stanfordnlp_SHP"
+    eval_split = "validation"
+
+    def _label(self, sample) -> int:
+        try:
+            label = int(sample["labels"])
+        except (KeyError, TypeError, ValueError):
+            raise DataError(f"{self.name}: field 'labels' is missing or not an integer") from None
+        if label not in (0, 1):
+            raise DataError(f"{self.name}: field 'labels' must be 0 or 1, got {label}")
+        return label
+
+    def get_prompt(self, sample):
+        return " Human: " + self._text(sample, "history") + " Assistant:"
+
+    def get_chosen(self, sample):
+        return " " + self._text(sample, "human_ref_A" if self._label(sample) == 1 else "human_ref_B")
+
+    def get_rejected(self, sample):
+        return " " + self._text(sample, "human_ref_B" if self._label(sample) == 1 else "human_ref_A")
+
+
+HUB_DATASETS: dict[str, type[HubDataset]] = {
+    cls.name: cls
+    for cls in (DahoasRmStatic, DahoasFullHHRLHF, DahoasSyntheticInstructGPTJPairwise,
+                YitingxieRLHFRewardDatasets, OpenAIWebGPTComparisons, StanfordNLPSHP)
+}
+
+
+# --------------------------------------------------------------------------- local
+
+
+def _split_file(directory: Path, stem: str) -> Path:
+    candidates = [directory / (stem + suffix) for suffix in LOCAL_SUFFIXES]
+    present = [p for p in candidates if p.is_file()]
+    if not present:
+        raise DataError(f"{candidates[0]}: file not found (nor {candidates[1].name}); "
+                        f"a data directory needs train.json and eval.json")
+    if len(present) > 1:
+        raise DataError(f"{directory}: both {present[0].name} and {present[1].name} exist; keep one")
+    return present[0]
+
+
+class LocalJsonFile(RawDataset):
+    """Local prompt/chosen/rejected rows, used verbatim (see the module docstring for the format).
+
+    `path` is a directory holding train.json and eval.json (either may be .jsonl instead),
+    or a single .json/.jsonl file which is split 9:1 with `seed`. `name` is the registry
+    name (default: the path as given). `clean_name` carries a digest of the resolved paths
+    and the file contents, so caches keyed on it go stale when the data is edited.
+    Files are read and validated when the object is made.
+    """
+
+    def __init__(self, path: str | os.PathLike, seed: int = BUILTIN_SEED, name: str | None = None):
+        super().__init__(seed)
+        self.path = Path(os.path.expanduser(str(path)))
+        self.name = name if name is not None else str(path)
+        if self.path.is_dir():
+            self.train_file = _split_file(self.path, "train")
+            self.eval_file: Path | None = _split_file(self.path, "eval")
+            self._train = read_local_split(self.train_file)
+            self._eval = read_local_split(self.eval_file)
+            files = (self.train_file, self.eval_file)
+        elif self.path.is_file():
+            if self.path.suffix.lower() not in LOCAL_SUFFIXES:
+                raise DataError(f"{self.path}: unsupported file type '{self.path.suffix}'; "
+                                f"expected a .json or .jsonl file, or a directory with train.json and eval.json")
+            self.train_file, self.eval_file = self.path, None
+            rows = read_local_split(self.path)
+            train, evl = split_train_eval(len(rows), seed, str(self.path))
+            self._train = rows.select(train, keep_in_memory=True)
+            self._eval = rows.select(evl, keep_in_memory=True)
+            files = (self.path,)
+        else:
+            raise DataError(f"{self.path}: no such file or directory")
+        label = self.path.stem if self.path.is_file() else self.path.resolve().name
+        self.clean_name = f"local_{_safe(label)}_{_files_digest(*files)}"
+
+    def get_train_data(self):
+        return self._train
+
+    def get_eval_data(self):
+        return self._eval
+
+    def get_prompt(self, sample):
+        return self._text(sample, "prompt")
+
+    def get_chosen(self, sample):
+        return self._text(sample, "chosen")
+
+    def get_rejected(self, sample):
+        return self._text(sample, "rejected")
+
+
+# --------------------------------------------------------------------------- builtin
+
+
+def builtin_data_dir() -> Path:
+    """The built-in task's data directory, generated on first use.
+
+    `cache_dir()/builtin-data/v<utils.builtin.task.TASK_VERSION>-seed1234`, holding train.json,
+    eval.json, heldout.json (for the evaluation scripts), unsup.txt (step 3's unsupervised
+    text) and meta.json. `utils.builtin.task.write_builtin_data` writes it atomically (a temporary
+    directory renamed into place), so concurrent ranks and interrupted runs are safe.
+    """
+    from utils.builtin import task  # lazy: the task module is only needed for the built-in data
+
+    final = cache_dir() / "builtin-data" / f"v{task.TASK_VERSION}-seed{BUILTIN_SEED}"
+    if not final.is_dir():
+        task.write_builtin_data(final, seed=BUILTIN_SEED)
+    missing = [f for f in BUILTIN_FILES if not (final / f).is_file()]
+    if missing:
+        raise DataError(f"{final}: built-in data is incomplete (no {', '.join(missing)}); "
+                        f"delete the directory to regenerate it")
+    return final
+
+
+class Builtin(LocalJsonFile):
+    """The built-in task (`builtin`): generated once with utils.builtin.task, then read like a local directory."""
+
+    def __init__(self, seed: int = BUILTIN_SEED):
+        data_dir = builtin_data_dir()
+        super().__init__(data_dir, seed=seed, name="builtin")
+        self.data_dir = data_dir
+        self.clean_name = f"builtin_{data_dir.name.replace('-', '_')}"
+
+    @property
+    def heldout_path(self) -> Path:
+        return self.data_dir / "heldout.json"
+
+    @property
+    def unsup_path(self) -> Path:
+        return self.data_dir / "unsup.txt"
+
+
+# --------------------------------------------------------------------------- registry
+
+KNOWN_NAMES = (*HUB_DATASETS, "builtin", "local/jsonfile")
+
+
+def get_raw_dataset(name: str, seed: int) -> RawDataset:
+    """The raw data set called `name`: a known hub name, `builtin`, `local/jsonfile`
+    (./data under the current directory), a `reasoning_gym:` spec or an existing local path."""
+    if name in HUB_DATASETS:
+        return HUB_DATASETS[name](seed=seed)
+    if name == "builtin":
+        return Builtin(seed=seed)
+    if name == "local/jsonfile":
+        data = Path.cwd() / "data"
+        if not data.is_dir():
+            raise DataError(f"local/jsonfile: {data}: no such directory (local/jsonfile reads train.json "
+                            f"and eval.json from ./data under the current directory)")
+        return LocalJsonFile(data, seed=seed, name="local/jsonfile")
+    if name.startswith("reasoning_gym:"):
+        from utils.data.reasoning_gym_data import ReasoningGym  # lazy: reasoning-gym is an optional extra
+
+        return ReasoningGym(name, seed=seed)
+    if os.path.exists(os.path.expanduser(name)):
+        return LocalJsonFile(name, seed=seed)
+    raise DataError(f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) "
+                    f"and no such local path exists")

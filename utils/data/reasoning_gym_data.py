@@ -1,0 +1,544 @@
+"""reasoning-gym tasks as a data source (steps 1, 2 and 3, held-out prompts) and as a verifier (a reward).
+
+reasoning-gym (Apache-2.0, `pip install -e ".[gym]"`) generates questions of ~100 procedural tasks (arithmetic,
+puzzles, logic...) with a reference answer and scores any answer with the task's own `score_answer` in [0, 1].
+
+A data path names the tasks and their settings:
+
+    reasoning_gym:<task>[?key=value&key=value...][,<task>[?...]...]
+    e.g. reasoning_gym:chain_sum?min_terms=2&max_terms=2,basic_arithmetic?size=500
+
+Keys are the fields of the task's config dataclass (reasoning_gym.factory.DATASETS[task][1]), plus
+- `size`: questions generated for the task, all parts together (default 2000): 10% held out, 10% eval, the rest
+  train (each part at least one);
+- `seed`: the generation seed (default 1234, whatever the run's --seed, so every step and the evaluation see the
+  same questions).
+Values are converted to the field's type: int, float, str, bool (true/false, 1/0, yes/no), None (`none`) where
+the field is Optional, a Literal's or Enum's value, an ISO date or time, and sequences (list[...], tuple[...])
+as `|`-separated elements, e.g. `operators=+|-`. Percent escapes are decoded (`%2C` is a comma, `%26` a `&`).
+An unknown task or key, a bad value or a configuration the task refuses is a one-line ConfigError.
+Quote the spec in a shell (`&` and `?`).
+
+Parts: questions are generated in order (item 0, 1, ...) and deduplicated on their text, and each question goes
+to a part by a stable hash of its task and text (zlib.crc32 with a fixed salt), never by the seed or position:
+a question is in the same part in every run, whatever the seed or size, so train, eval and held-out never
+overlap. Generation goes on until each part has its share (or the task runs out of new questions).
+
+Generation is deterministic for a seed within a process; a few tasks iterate over Python sets and so depend on
+PYTHONHASHSEED as well (in reasoning-gym 0.1.25: isomorphic_strings, knight_swap, list_functions,
+polynomial_multiplication, ransom_note, word_ladder): set PYTHONHASHSEED=0 for the same questions in every
+process. The parts still never overlap, since a question's part depends on its text only.
+
+Prompts are DeepSpeed-Chat's text form with the question as the user turn, followed by `INSTRUCTION` (a model
+with a chat template gets it through its template: utils.prompting.model_prompt). The chosen answer is the
+task's reference answer; the rejected one another question's reference answer, or a perturbed reference answer
+(see `_rejected_answer`); a pair is left out when the verifier scores no candidate lower (reasoning-gym 0.1.25's
+game_of_life_halting scores any non-empty answer 1). Tasks without a reference answer (their `answer` is None:
+any valid solution scores) give prompts for step 3 and the evaluation, but no SFT targets or pairs.
+
+The verifier (`Verifier.score`, `reasoning_gym_reward_fn`) finds each prompt's question and scores the answer
+with the task's `score_answer`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import enum
+import itertools
+import re
+import types
+import typing
+import zlib
+from collections.abc import Sequence
+from urllib.parse import unquote
+
+import datasets
+
+from utils.builtin.task import format_prompt
+from utils.data.prompting import parse_dialogue
+from utils.data.raw_datasets import RawDataset
+from utils.runtime.errors import ConfigError, DataError
+
+PREFIX = "reasoning_gym:"
+EXTRA = 'pip install -e ".[gym]"'
+DEFAULT_SIZE = 2000
+DEFAULT_SEED = 1234
+PARTS = ("train", "eval", "heldout")
+HELDOUT_FRACTION = EVAL_FRACTION = 0.1
+PART_SALT = "chatrlhf-reasoning-gym-parts-v1"
+"""The fixed salt of the part hash. Never change it: questions would move between train and held-out."""
+INSTRUCTION = "Reply with only the final answer."
+"""Appended to every question (reasoning-gym's own prompts ask for `<answer>` tags in a system prompt; a short
+final answer is what steps 1 and 2 train on). Many questions already say how to write the answer."""
+UNSUPPORTED_TASKS = {"composite": "list tasks separated by commas instead"}
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+REJECTED_TRIES = 20
+
+
+def _library():
+    """reasoning_gym's task registry {name: (dataset class, config class)}; a ConfigError naming the extra when
+    the package is missing."""
+    try:
+        from reasoning_gym.factory import DATASETS
+    except ImportError as err:
+        raise ConfigError(f"reasoning_gym data needs the reasoning-gym package, which cannot be imported ({err}); "
+                          f"install it with: {EXTRA}") from None
+    return DATASETS
+
+
+def task_names() -> list[str]:
+    """Every registered reasoning-gym task a spec can name."""
+    return sorted(name for name in _library() if name not in UNSUPPORTED_TASKS)
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task of a spec: its name, config dataclass instance (seed and size not set), size and seed."""
+    task: str
+    config: typing.Any
+    size: int = DEFAULT_SIZE
+    seed: int = DEFAULT_SEED
+
+    def __str__(self):
+        """Canonical text, e.g. `chain_sum?max_terms=2&min_terms=2&seed=1234&size=2000`; settings left at their
+        defaults are left out."""
+        defaults = type(self.config)()
+        keys = [f.name for f in dataclasses.fields(self.config) if f.name not in ("seed", "size")
+                and getattr(self.config, f.name) != getattr(defaults, f.name)]
+        settings = [f"{key}={getattr(self.config, key)!r}" for key in sorted(keys)]
+        return f"{self.task}?" + "&".join(settings + [f"seed={self.seed}", f"size={self.size}"])
+
+
+def parse_spec(spec: str) -> list[TaskSpec]:
+    """`reasoning_gym:<task>[?key=value&...][,<task>...]` -> one TaskSpec per task (see the module docstring)."""
+    if not spec.startswith(PREFIX):
+        raise ConfigError(f"{spec!r} is not a reasoning-gym data path; write {PREFIX}<task>[?key=value&...]"
+                          f"[,<task>...], e.g. {PREFIX}chain_sum")
+    pieces = spec[len(PREFIX):].split(",")
+    if not any(piece.strip() for piece in pieces):
+        raise ConfigError(f"{spec!r} names no task; write {PREFIX}<task>[?key=value&...], e.g. {PREFIX}chain_sum")
+    specs = [_parse_task(piece.strip(), spec) for piece in pieces]
+    seen = set()
+    for task_spec in specs:
+        if task_spec.task in seen:
+            raise ConfigError(f"{spec}: task {task_spec.task} appears twice; name each task once")
+        seen.add(task_spec.task)
+    return specs
+
+
+def _parse_task(piece: str, spec: str) -> TaskSpec:
+    registry = _library()
+    task, _, query = piece.partition("?")
+    task = task.strip()
+    if not task:
+        raise ConfigError(f"{spec}: an empty task name (two commas in a row, or a trailing comma?)")
+    if task in UNSUPPORTED_TASKS:
+        raise ConfigError(f"{PREFIX}{task} is not supported: {UNSUPPORTED_TASKS[task]}")
+    if task not in registry:
+        close = difflib.get_close_matches(task, task_names(), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "reasoning_gym.factory.DATASETS lists them"
+        raise ConfigError(f"{PREFIX}{task}: unknown reasoning-gym task ({hint}); {len(task_names())} tasks exist")
+    config_cls = registry[task][1]
+    fields = {f.name: f for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")}
+    hints = _type_hints(config_cls)
+    values, size, seed, keys = {}, DEFAULT_SIZE, DEFAULT_SEED, set()
+    for setting in filter(None, query.split("&")):
+        key, equals, text = setting.partition("=")
+        key, text = key.strip(), unquote(text.strip())
+        where = f"{PREFIX}{task}: {key}"
+        if not equals:
+            raise ConfigError(f"{PREFIX}{task}: setting {setting!r} has no '='; write key=value")
+        if key in keys:
+            raise ConfigError(f"{where} is set twice")
+        keys.add(key)
+        if key == "size":
+            size = _convert_int_at_least(text, 3, where)
+        elif key == "seed":
+            seed = _convert_int_at_least(text, 0, where)
+        elif key in fields:
+            values[key] = convert_value(text, hints.get(key, fields[key].type), _default(fields[key]), where)
+        else:
+            valid = sorted(fields) + ["seed", "size"]
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"{PREFIX}{task}: unknown key '{key}' ({hint}valid keys: {', '.join(valid)})")
+    try:
+        config = config_cls(**values)
+        if hasattr(config, "validate"):
+            config.validate()
+    except (AssertionError, ValueError, TypeError) as err:
+        raise ConfigError(f"{PREFIX}{piece}: reasoning-gym refuses this configuration "
+                          f"({type(err).__name__}: {err or 'invalid'})") from None
+    return TaskSpec(task, config, size, seed)
+
+
+def _type_hints(config_cls) -> dict:
+    try:
+        return typing.get_type_hints(config_cls)
+    except Exception:  # an annotation that does not resolve: fall back to the raw field types
+        return {}
+
+
+def _default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _convert_int_at_least(text: str, minimum: int, where: str) -> int:
+    value = convert_value(text, int, None, where)
+    if value < minimum:
+        raise ConfigError(f"{where}={text} must be at least {minimum}")
+    return value
+
+
+def convert_value(text: str, annotation, default, where: str):
+    """The value of a spec setting `text` as the field's type `annotation` (see the module docstring);
+    `default` (the field's default) gives the element type of an unparameterised tuple or list."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if type(None) in args and text.lower() in ("none", "null"):
+            return None
+        options = [arg for arg in args if arg is not type(None)]
+        if len(options) == 1:
+            return convert_value(text, options[0], default, where)
+    elif origin is typing.Literal:
+        for choice in args:
+            if str(choice) == text:
+                return choice
+        raise ConfigError(f"{where}={text} must be one of {', '.join(map(str, args))}")
+    elif annotation is bool:
+        if text.lower() in TRUE + FALSE:
+            return text.lower() in TRUE
+        raise ConfigError(f"{where}={text} is not a boolean (true or false)")
+    elif annotation in (int, float, str):
+        try:
+            return annotation(text)
+        except ValueError:
+            raise ConfigError(f"{where}={text} is not {'an int' if annotation is int else 'a float'}") from None
+    elif isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        for member in annotation:
+            if text in (member.name, str(member.value)):
+                return member
+        raise ConfigError(f"{where}={text} must be one of {', '.join(str(m.value) for m in annotation)}")
+    elif annotation in (datetime.date, datetime.time):
+        try:
+            return annotation.fromisoformat(text)
+        except ValueError:
+            raise ConfigError(f"{where}={text} is not an ISO {annotation.__name__} (e.g. "
+                              f"{'2024-12-31' if annotation is datetime.date else '23:59:59'})") from None
+    elif annotation in (list, tuple) or origin in (list, tuple, Sequence):
+        element = _element_type(annotation, origin, args, default)
+        if element is not None:
+            container = list if list in (annotation, origin) else tuple
+            return container(convert_value(part, element, None, where) for part in (text.split("|") if text else []))
+    raise ConfigError(f"{where}: a field of type {_type_name(annotation)} cannot be set from a data path")
+
+
+def _element_type(annotation, origin, args, default):
+    """The element type of a sequence field, or None when it is not a flat sequence of scalars."""
+    if args:
+        if len(args) == 2 and args[1] is Ellipsis or len(args) == 1:  # tuple[X, ...], list[X], tuple[X]
+            element = args[0]
+            return None if typing.get_origin(element) in (list, tuple, Sequence) else element
+        return None
+    elements = default if isinstance(default, (list, tuple)) else ()
+    kinds = {type(element) for element in elements}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {int, float, str, bool} else str
+
+
+def _type_name(annotation) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@dataclasses.dataclass
+class Item:
+    """One generated question: its task, the reasoning-gym entry and the data set that scores it."""
+    task: str
+    entry: dict
+    dataset: typing.Any
+
+    @property
+    def question(self) -> str:
+        return self.entry["question"]
+
+    @property
+    def answer(self) -> str | None:
+        answer = self.entry.get("answer")
+        return None if answer is None else str(answer)
+
+    @property
+    def user_text(self) -> str:
+        """The user turn: the question and `INSTRUCTION`."""
+        return f"{self.question.strip()}\n{INSTRUCTION}"
+
+    @property
+    def prompt(self) -> str:
+        return format_prompt(self.user_text)
+
+    def score(self, answer: str) -> float:
+        """The task's `score_answer` of a model's answer, clamped to [0, 1].
+
+        The answer is stripped; when it holds `<answer>...</answer>` tags, the last tagged text is scored
+        (reasoning-gym's own answer format). A scorer that raises on the answer scores it 0."""
+        from reasoning_gym.utils import extract_answer
+
+        answer = answer.strip()
+        answer = extract_answer(answer) if "<answer>" in answer else answer
+        try:
+            score = float(self.dataset.score_answer(answer, self.entry))
+        except Exception:  # the scorer's own failure on a malformed answer: that answer earns nothing
+            return 0.0
+        return min(1.0, max(0.0, score))
+
+
+def part_of(task: str, question: str) -> str:
+    """The part of a question, by a stable hash of its task and text: 10% held out, 10% eval, 80% train."""
+    bucket = zlib.crc32(f"{PART_SALT}:{task}:{question}".encode("utf-8")) % 100
+    if bucket < HELDOUT_FRACTION * 100:
+        return "heldout"
+    return "eval" if bucket < (HELDOUT_FRACTION + EVAL_FRACTION) * 100 else "train"
+
+
+def part_sizes(size: int) -> dict[str, int]:
+    """Questions wanted in each part: round(size / 10) held out and eval (at least one each), the rest train."""
+    heldout = max(1, round(size * HELDOUT_FRACTION))
+    evaluation = max(1, round(size * EVAL_FRACTION))
+    return {"train": size - heldout - evaluation, "eval": evaluation, "heldout": heldout}
+
+
+def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, list[Item]]:
+    """{part: [Item]} of one task: items 0, 1, ... of the task's data set (seeded with task_spec.seed), each new
+    question (not in `seen`, which is updated) put in its part until the part is full; at most
+    size + max(size // 2, 50) items are generated (the task's config size), fewer when the task runs out.
+    A part left empty is a DataError naming the task."""
+    seen = set() if seen is None else seen
+    wanted = part_sizes(task_spec.size)
+    limit = task_spec.size + max(task_spec.size // 2, 50)
+    where = f"{PREFIX}{task_spec.task}"
+    try:  # create_dataset's steps, with the config already made (asdict would flatten nested dataclasses)
+        config = dataclasses.replace(task_spec.config, seed=task_spec.seed, size=limit)
+        if hasattr(config, "validate"):
+            config.validate()
+        dataset = _library()[task_spec.task][0](config=config)
+    except Exception as err:  # reasoning-gym's own failure to build the task
+        raise DataError(f"{where}: reasoning-gym cannot build this task ({type(err).__name__}: {err})") from None
+    parts, distinct = {part: [] for part in PARTS}, set()
+    for index in range(limit):
+        if all(len(parts[part]) >= wanted[part] for part in PARTS):
+            break
+        try:
+            entry = dataset[index]
+        except IndexError:  # the task ran out of questions
+            break
+        except Exception as err:
+            raise DataError(f"{where}: reasoning-gym failed to generate item {index} "
+                            f"({type(err).__name__}: {err})") from None
+        question = entry["question"]
+        part = part_of(task_spec.task, question)
+        distinct.add(question)
+        if question in seen or len(parts[part]) >= wanted[part]:
+            continue
+        seen.add(question)
+        parts[part].append(Item(task_spec.task, entry, dataset))
+    empty = [part for part in PARTS if not parts[part]]
+    if empty:
+        raise DataError(f"{where}: no {' or '.join(empty)} question among {index + 1} generated "
+                        f"({len(distinct)} distinct); raise size=, or loosen the task's settings")
+    return parts
+
+
+def _interleave(lists: list[list]) -> list:
+    """Round-robin over the lists (tasks in turn), so any first N items mix the tasks evenly."""
+    out = []
+    for i in range(max(map(len, lists), default=0)):
+        out += [items[i] for items in lists if i < len(items)]
+    return out
+
+
+class GymData:
+    """The generated parts of a spec, their pairs and the verifier's index of prompts."""
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.task_specs = parse_spec(spec)
+        seen = set()
+        by_task = [generate_task(task_spec, seen) for task_spec in self.task_specs]
+        self.parts = {part: _interleave([parts[part] for parts in by_task]) for part in PARTS}
+        self.verifier = Verifier([item for part in PARTS for item in self.parts[part]])
+        self._rows: dict[str, list[dict]] = {}
+
+    @property
+    def tasks(self) -> list[str]:
+        return [task_spec.task for task_spec in self.task_specs]
+
+    def has_answers(self) -> bool:
+        return any(item.answer is not None for part in PARTS for item in self.parts[part])
+
+    def rows(self, part: str) -> list[dict]:
+        """{"prompt", "chosen", "rejected", "task"} of each question of a part; chosen and rejected are None for
+        a question without a reference answer, rejected is None when no wrong answer was found."""
+        if part not in self._rows:
+            items = self.parts[part]
+            self._rows[part] = []
+            for index, item in enumerate(items):
+                answer = item.answer
+                rejected = None if answer is None else _rejected_answer(items, index)
+                self._rows[part].append({"prompt": item.prompt, "chosen": None if answer is None else " " + answer,
+                                         "rejected": None if rejected is None else " " + rejected,
+                                         "task": item.task})
+        return self._rows[part]
+
+
+def _rejected_answer(items: list[Item], index: int) -> str | None:
+    """A wrong answer to items[index], kept only if it differs from the reference answer and the task's verifier
+    scores it strictly lower: the first of
+
+    1. the reference answers of the next REJECTED_TRIES questions of the same task and part (cyclically);
+    2. generic perturbations of the reference answer (`_perturbations`).
+
+    Another question's answer comes first because it works the same for every task: it has the task's own
+    answer format and length, so a reward model must read the question to rank the pair, whereas a perturbation
+    needs per-task knowledge to look plausible and can land on another valid solution. The same part is used so
+    that no held-out answer leaks into training. Perturbations cover what is left: a part of one question, a
+    task of few distinct answers (True/False), or a verifier that accepts any valid solution (puzzle24 scores
+    every expression equal to 24, so another question's solution scores 1). None if nothing scores lower.
+    """
+    item = items[index]
+    reference = item.answer
+    chosen_score = item.score(reference)
+    following = (items[(index + step) % len(items)] for step in range(1, len(items)))
+    others = itertools.islice((other.answer for other in following if other.task == item.task), REJECTED_TRIES)
+    for candidate in itertools.chain((answer for answer in others if answer is not None), _perturbations(reference)):
+        if candidate.strip() != reference.strip() and item.score(candidate) < chosen_score:
+            return candidate
+    return None
+
+
+_OPPOSITES = {"true": "false", "false": "true", "yes": "no", "no": "yes"}
+
+
+def _perturbations(answer: str) -> list[str]:
+    """Near misses of an answer for any task: the opposite of a true/false or yes/no answer (in its case), the
+    answer with its last digit d changed to (d + 1) mod 10, and the answer without its last character."""
+    answer = answer.strip()
+    out = []
+    opposite = _OPPOSITES.get(answer.lower())
+    if opposite:
+        out.append(opposite.upper() if answer.isupper() else opposite.capitalize() if answer[0].isupper()
+                   else opposite)
+    digit = re.search(r"\d(?=\D*$)", answer)
+    if digit:
+        out.append(answer[:digit.start()] + str((int(digit.group()) + 1) % 10) + answer[digit.end():])
+    if len(answer) > 1:
+        out.append(answer[:-1])
+    return out
+
+
+_GENERATED: dict[str, GymData] = {}
+
+
+def gym_data(spec: str) -> GymData:
+    """The generated data of a spec, made once per process (steps ask for it per split, the verifier again)."""
+    key = PREFIX + ",".join(str(task_spec) for task_spec in parse_spec(spec))
+    if key not in _GENERATED:
+        _GENERATED[key] = GymData(spec)
+    return _GENERATED[key]
+
+
+# --------------------------------------------------------------------------- the verifier
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+class Verifier:
+    """Scores answers to the questions of a spec with each task's own `score_answer`."""
+
+    def __init__(self, items: list[Item]):
+        self.index = {_normalize(item.user_text): item for item in items}
+        self._by_length = sorted(self.index, key=len, reverse=True)
+
+    def item(self, prompt: str) -> Item:
+        """The question a prompt asks: a data-set prompt (" Human: ... Assistant:"), the bare user text, or a
+        prompt in a model's chat format (found as the longest known user text it contains). Whitespace is not
+        significant. A prompt of no known question is a DataError."""
+        text = _normalize(prompt)
+        found = self.index.get(text) or self.index.get(_normalize(parse_dialogue(prompt)[-1][0]))
+        if found is None:
+            found = next((self.index[key] for key in self._by_length if key in text), None)
+        if found is None:
+            raise DataError(f"reasoning_gym verifier: prompt {text[:80]!r}... is none of the data's questions")
+        return found
+
+    def score(self, prompts: list[str], answers: list[str]) -> list[float]:
+        """Each answer's score in [0, 1] by the task of its prompt (see Item.score)."""
+        if len(prompts) != len(answers):
+            raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+        return [self.item(prompt).score(answer) for prompt, answer in zip(prompts, answers)]
+
+    __call__ = score
+
+    def summarize(self, prompts: list[str], answers: list[str]) -> dict[str, float]:
+        """Mean score overall ("all") and per task, tasks in order of first appearance."""
+        scores = self.score(prompts, answers)
+        if not scores:
+            raise ValueError("no prompts to score")
+        by_task: dict[str, list[float]] = {}
+        for prompt, score in zip(prompts, scores):
+            by_task.setdefault(self.item(prompt).task, []).append(score)
+        return {"all": sum(scores) / len(scores), **{task: sum(s) / len(s) for task, s in by_task.items()}}
+
+
+def reasoning_gym_reward_fn(spec: str):
+    """A reward function `(prompts, answers) -> list of floats in [0, 1]` for the questions of `spec` (every
+    part), e.g. step 3's rewards on its prompts."""
+    return gym_data(spec).verifier.score
+
+
+# --------------------------------------------------------------------------- the raw data set
+
+
+class ReasoningGym(RawDataset):
+    """A spec as a raw data set: the train part and the eval part, rows {"prompt", "chosen", "rejected", "task"}.
+
+    Its `seed` (the run's) does not change the questions: the spec's seed does."""
+
+    def __init__(self, spec: str, seed: int):
+        super().__init__(seed)
+        self.data = gym_data(spec)
+        self.name = spec
+        canonical = ",".join(str(task_spec) for task_spec in self.data.task_specs)
+        self.clean_name = f"reasoning_gym_{zlib.crc32(canonical.encode()):08x}"
+        self._splits = {part: datasets.Dataset.from_list(self.data.rows(part)) for part in ("train", "eval")}
+
+    def get_train_data(self):
+        return self._splits["train"]
+
+    def get_eval_data(self):
+        return self._splits["eval"]
+
+    def get_prompt(self, sample):
+        return self._text(sample, "prompt")
+
+    def _answer(self, sample, field):
+        if not self.data.has_answers():
+            raise DataError(f"{self.name}: no task here has reference answers (their questions accept any valid "
+                            f"solution), so there is nothing to fine-tune on or rank; use it in step 3")
+        return sample[field]
+
+    def get_chosen(self, sample):
+        return self._answer(sample, "chosen")
+
+    def get_rejected(self, sample):
+        return self._answer(sample, "rejected")

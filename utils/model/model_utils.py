@@ -1,0 +1,177 @@
+"""Finding and loading models and tokenizers: the built-in names, local folders and hub names alike."""
+import functools
+import inspect
+import json
+import math
+from pathlib import Path
+
+from utils.runtime.errors import ConfigError
+
+BUILTIN_MODELS = ("tiny", "smollm2-135m")
+REWARD_MODEL_KEY = "chatrlhf_reward_model"
+
+
+def resolve_model_path(name_or_path):
+    """The folder or hub name to load for `--model_name_or_path`.
+
+    `tiny` (the built-in default) and `smollm2-135m` are built into the cache on first use; an existing folder is
+    used as it is; anything else is taken as a hub name and must be reachable (or already in the HF cache).
+    """
+    if name_or_path == "tiny":
+        from utils.builtin.tiny import tiny_model_path
+
+        return str(tiny_model_path())
+    if name_or_path == "smollm2-135m":
+        from utils.model.smollm2 import smollm2_model_path
+
+        return str(smollm2_model_path())
+    path = Path(name_or_path)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model folder {name_or_path} has no config.json: not a Hugging Face model folder")
+        read_model_config(path)
+        return str(path)
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise ConfigError(f"model path {name_or_path} does not exist")
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(name_or_path)
+    except Exception as err:  # offline, unknown name, gated repo: all end the same way for the user
+        raise ConfigError(f"model {name_or_path!r} is not a local folder and could not be loaded from the hub "
+                          f"({type(err).__name__}); built-in names: {', '.join(BUILTIN_MODELS)}") from None
+    return name_or_path
+
+
+def read_model_config(folder):
+    """A model folder's config.json as a dict; a ConfigError naming it if it is not a JSON object."""
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path} cannot be read as JSON ({one_line_error(err)})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} is not a model config (a JSON object), but a {type(config).__name__}")
+    return config
+
+
+def is_reward_model_folder(path):
+    config = Path(path) / "config.json"
+    return config.is_file() and REWARD_MODEL_KEY in read_model_config(path)
+
+
+def one_line_error(err):
+    """`Type: first line of the message` of an exception raised by a library reading a user's file."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def load_tokenizer(path, trust_remote_code=False, padding_side="right"):
+    """The model's tokenizer, with a pad token (eos when it has none: we find real tokens from attention
+    masks, never by comparing ids with pad, so pad = eos is safe)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as err:  # no tokenizer files, a damaged one: whatever the library raises, name the folder
+        raise ConfigError(f"model folder {path}: its tokenizer cannot be loaded ({one_line_error(err)})") from None
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(f"the tokenizer of {path} has no eos token; answers could never end")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def configure_dropout(config, dropout):
+    """Set every dropout probability the config knows of (DeepSpeed-Chat's `--dropout`); None leaves them."""
+    if dropout is None:
+        return config
+    for key in ("dropout", "attention_dropout", "hidden_dropout", "activation_dropout", "attn_pdrop",
+                "embd_pdrop", "resid_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob"):
+        if hasattr(config, key):
+            setattr(config, key, dropout)
+    return config
+
+
+def create_hf_model(model_class, path, tokenizer, ds_config=None, dropout=None, trust_remote_code=False):
+    """Load `model_class` (AutoModelForCausalLM, AutoModel...) from `path` in fp32 (DeepSpeed casts it to the
+    training dtype). Under ZeRO-3 the weights are partitioned while they load, never held whole on one rank."""
+    import torch
+    from transformers import AutoConfig
+
+    if is_reward_model_folder(path) and model_class.__name__ == "AutoModelForCausalLM":
+        raise ConfigError(f"{path} is a reward model (step 2 output), not a causal language model; pass the "
+                          "step-1 actor or a base model")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as err:
+        raise ConfigError(f"model folder {path}: its config.json cannot be loaded ({one_line_error(err)})") from None
+    config = configure_dropout(config, dropout)
+    hf_ds_config = _zero3_init_context(ds_config)  # noqa: F841 (must stay alive while the model loads)
+    # fp32 whatever the folder was saved in (transformers 5 would keep a bf16 folder in bf16 by default, and a
+    # reward model's fp32 value head would then meet bf16 hidden states). A reward model's backbone (AutoModel)
+    # from a causal LM's folder leaves its LM head out.
+    model = load_pretrained(model_class, path, dropped=("lm_head.",) if model_class.__name__ == "AutoModel" else (),
+                            config=config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    del hf_ds_config
+    model.config.end_token_id = tokenizer.eos_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(int(8 * math.ceil(len(tokenizer) / 8.0)))
+    return model
+
+
+def load_pretrained(model_class, path, dropped=(), **kwargs):
+    """`model_class.from_pretrained(path, **kwargs)`, anything wrong with the folder one ConfigError naming it: an
+    unreadable config or weights file, no weights, and weights that do not fit the model its config describes
+    (a config.json of another architecture: the model's weights missing from the folder would stay random, the
+    folder's unused ones would be dropped, silently). `dropped`: name prefixes of folder weights the model is
+    meant to leave out."""
+    try:
+        model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    except Exception as err:  # a truncated or garbage weights file, none at all: name the folder
+        raise ConfigError(f"model folder {path}: its weights cannot be loaded ({one_line_error(err)})") from None
+    missing = sorted(info["missing_keys"])
+    unused = sorted(key for key in info["unexpected_keys"] if not key.startswith(tuple(dropped)))
+    if missing or unused:
+        example = ", ".join(f"{what} e.g. {keys[0]}" for what, keys in (("missing", missing), ("unused", unused))
+                            if keys)
+        raise ConfigError(f"model folder {path}: its weights do not fit the {type(model).__name__} its config.json "
+                          f"describes: {len(missing)} of the model's weights missing from the folder, {len(unused)} "
+                          f"of the folder's unused ({example}); is config.json the weights' own?")
+    return model
+
+
+def _zero3_init_context(ds_config):
+    """Under ZeRO-3, transformers partitions parameters at load time while an HfDeepSpeedConfig is alive."""
+    if ds_config is None or ds_config.get("zero_optimization", {}).get("stage") != 3:
+        return None
+    from transformers.integrations import HfDeepSpeedConfig
+
+    return HfDeepSpeedConfig(ds_config)
+
+
+def count_parameters(model):
+    """Parameter count, counting ZeRO-3 partitioned parameters at their full size."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def position_ids_from_mask(attention_mask):
+    """Positions counted over real tokens only, cumsum(mask) - 1 clamped at 0, so a left-padded row starts at
+    position 0 like an unpadded one."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def model_forward_kwargs(model, attention_mask):
+    """The attention mask, and explicit position ids for models whose forward accepts them (Llama derives
+    positions from the cache, not from the mask, so left padding would shift them)."""
+    kwargs = {"attention_mask": attention_mask}
+    if _accepts_position_ids(type(model)):
+        kwargs["position_ids"] = position_ids_from_mask(attention_mask)
+    return kwargs
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts_position_ids(model_class):
+    return "position_ids" in inspect.signature(model_class.forward).parameters

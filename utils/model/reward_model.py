@@ -1,0 +1,132 @@
+"""The reward model of step 2, which is also step 3's critic: a base transformer (no LM head) and a scalar value
+head on every position. A sequence's score is the value at its last real token (EOS included), found from the
+attention mask, so steps 2 and 3 score the same position whatever the padding side.
+
+Saved folder: the backbone as a normal Hugging Face model (loadable with `AutoModel`), `value_head.safetensors`,
+and a `chatrlhf_reward_model` entry in config.json naming the head file, the base model and
+`num_padding_at_beginning`.
+"""
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from utils.data.data_utils import attention_mask_right, pad_right, tokenize_answer, tokenize_prompt
+from utils.model.model_utils import (REWARD_MODEL_KEY, create_hf_model, is_reward_model_folder, load_tokenizer,
+                                     model_forward_kwargs, one_line_error, resolve_model_path)
+from utils.model.save import load_safetensors, save_safetensors
+from utils.rl.losses import pairwise_loss
+from utils.rl.tokens import last_token_index
+from utils.runtime.errors import ConfigError
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class RewardModel(nn.Module):
+    always_trainable = ("v_head.",)  # trained even under --only_optimize_lora (see utils.lora)
+
+    def __init__(self, backbone, num_padding_at_beginning=0, base_model_name=None):
+        super().__init__()
+        self.config = backbone.config
+        self.rwtransformer = backbone
+        # OPT projects its hidden states to word_embed_proj_dim on the way out.
+        hidden = getattr(self.config, "word_embed_proj_dim", None) or getattr(self.config, "hidden_size", None) \
+            or self.config.n_embd
+        self.v_head = nn.Linear(hidden, 1, bias=False)
+        self.num_padding_at_beginning = num_padding_at_beginning
+        self.base_model_name = base_model_name
+
+    @classmethod
+    def from_pretrained(cls, path, tokenizer, ds_config=None, dropout=None, num_padding_at_beginning=0,
+                        trust_remote_code=False):
+        """A reward-model folder (step 2 output) with its head, or a base/SFT model with a new head."""
+        from transformers import AutoModel
+
+        backbone = create_hf_model(AutoModel, path, tokenizer, ds_config, dropout, trust_remote_code)
+        if not is_reward_model_folder(path):
+            return cls(backbone, num_padding_at_beginning, base_model_name=str(path))
+        saved = getattr(backbone.config, REWARD_MODEL_KEY)
+        model = cls(backbone, saved.get("num_padding_at_beginning", num_padding_at_beginning),
+                    saved.get("base_model"))
+        head_file = Path(path) / saved.get("value_head", VALUE_HEAD_FILE)
+        try:
+            head = load_safetensors(head_file)
+        except Exception as err:  # missing, truncated, not safetensors
+            raise ConfigError(f"{head_file} cannot be loaded ({one_line_error(err)})") from None
+        if head.get("weight") is None or head["weight"].shape != model.v_head.weight.shape:
+            raise ConfigError(f"{path}/{VALUE_HEAD_FILE} does not hold a value head of shape "
+                              f"{tuple(model.v_head.weight.shape)}")
+        with torch.no_grad():
+            model.v_head.weight.copy_(head["weight"])
+        return model
+
+    def gradient_checkpointing_enable(self, **kwargs):
+        self.rwtransformer.gradient_checkpointing_enable(**kwargs)
+
+    def enable_input_require_grads(self):
+        self.rwtransformer.enable_input_require_grads()
+
+    def forward_value(self, input_ids, attention_mask, use_cache=False):
+        """Per-token values (batch, seq) and each row's end score: the value at its last real token."""
+        outputs = self.rwtransformer(input_ids=input_ids, use_cache=use_cache,
+                                     **model_forward_kwargs(self.rwtransformer, attention_mask))
+        values = self.v_head(outputs[0]).squeeze(-1)
+        end_scores = values.gather(1, last_token_index(attention_mask).unsqueeze(1)).squeeze(1)
+        return values, end_scores
+
+    def forward(self, input_ids, attention_mask, use_cache=False):
+        """A batch of chosen rows followed by as many rejected rows: the pairwise loss and both end scores."""
+        _, end_scores = self.forward_value(input_ids, attention_mask, use_cache)
+        chosen_scores, rejected_scores = end_scores.chunk(2)
+        return {"loss": pairwise_loss(chosen_scores, rejected_scores),
+                "chosen_end_scores": chosen_scores, "rejected_end_scores": rejected_scores}
+
+    def save_pretrained(self, save_dir, state_dict):
+        """Write the backbone (keys `rwtransformer.*`) as a Hugging Face folder and the head beside it."""
+        backbone_state = {k[len("rwtransformer."):]: v for k, v in state_dict.items()
+                          if k.startswith("rwtransformer.")}
+        setattr(self.rwtransformer.config, REWARD_MODEL_KEY, {
+            "value_head": VALUE_HEAD_FILE, "base_model": self.base_model_name,
+            "num_padding_at_beginning": self.num_padding_at_beginning})
+        self.rwtransformer.save_pretrained(save_dir, state_dict=backbone_state)
+        save_safetensors({"weight": state_dict["v_head.weight"]}, Path(save_dir) / VALUE_HEAD_FILE)
+
+
+def load_reward_model(name_or_path, trust_remote_code=False):
+    """(model, tokenizer) of a step-2 output folder, the model in eval mode; any other folder is refused."""
+    path = resolve_model_path(name_or_path)
+    if not is_reward_model_folder(path):
+        raise ConfigError(f"{name_or_path} is not a reward model (its config.json has no '{REWARD_MODEL_KEY}' "
+                          "entry); pass a step-2 output folder")
+    tokenizer = load_tokenizer(path, trust_remote_code)
+    model = RewardModel.from_pretrained(path, tokenizer, trust_remote_code=trust_remote_code)
+    return model.eval(), tokenizer
+
+
+def score_sequences(model, sequences, pad_token_id, batch_size=32):
+    """End scores of token-id lists, right-padded in batches of `batch_size`, the model in eval mode and
+    without gradients (its training mode is restored afterwards)."""
+    was_training = model.training
+    device = next(model.parameters()).device
+    model.eval()
+    scores = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(sequences), batch_size):
+                chunk = sequences[start:start + batch_size]
+                _, end_scores = model.forward_value(pad_right(chunk, pad_token_id).to(device),
+                                                    attention_mask_right(chunk).to(device))
+                scores += end_scores.float().tolist()
+    finally:
+        model.train(was_training)
+    return scores
+
+
+def score_answers(model, tokenizer, prompts, answers, batch_size=32):
+    """The reward model's score of each answer to its prompt: prompt + answer + EOS, tokenized as step 2
+    tokenizes its pairs (`tokenize_prompt`, `tokenize_answer`), scored at the last real token."""
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    sequences = [tokenize_prompt(tokenizer, prompt) + tokenize_answer(tokenizer, answer)
+                 for prompt, answer in zip(prompts, answers)]
+    return score_sequences(model, sequences, tokenizer.pad_token_id, batch_size)

@@ -1,0 +1,112 @@
+"""Saving trained models as Hugging Face folders (safetensors), whole even under ZeRO-3, LoRA fused, atomically."""
+import fnmatch
+import os
+import shutil
+from pathlib import Path
+
+from utils.model.lora import fuse_lora_state_dict, has_lora
+from utils.runtime.dist import barrier, is_rank_0
+from utils.runtime.errors import interrupts_deferred
+from utils.runtime.paths import honour_umask, make_temp_dir_beside
+
+# Files that belong to a saved model; anything else in an output folder (training.log, TensorBoard runs,
+# checkpoints) is the run's and survives a new save.
+MODEL_FILE_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+                       "*.bin", "*.bin.index.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+                       "vocab*", "merges.txt", "chat_template*")
+
+
+def gather_state_dict(module, zero_stage):
+    """The full state dict of `module` on rank 0 (None on other ranks), tensors on the CPU.
+
+    Built from `named_parameters` (tied weights once, as a plain `save_pretrained` writes them) and the persistent
+    buffers, the same way at every stage. Under ZeRO-3 each parameter is gathered in turn, so no rank ever holds
+    two whole copies of the model.
+    """
+    import contextlib
+
+    import deepspeed
+
+    persistent = set(module.state_dict().keys())
+    state_dict = {}
+    for name, param in module.named_parameters():
+        gathered = (deepspeed.zero.GatheredParameters([param], modifier_rank=None) if zero_stage == 3
+                    else contextlib.nullcontext())
+        with gathered:
+            if is_rank_0():
+                state_dict[name] = param.detach().cpu().clone()
+    if not is_rank_0():
+        return None
+    for name, buffer in module.named_buffers():
+        if name in persistent:
+            state_dict[name] = buffer.detach().cpu().clone()
+    return state_dict
+
+
+def save_hf_model(module, tokenizer, output_dir, zero_stage=0):
+    """Write `module` (a transformers model, or a module with the same `save_pretrained(dir, state_dict=...)`)
+    and its tokenizer into `output_dir` as a Hugging Face folder. Every rank must call it (ZeRO-3 gathers)."""
+    state_dict = gather_state_dict(module, zero_stage)
+    if is_rank_0():
+        if has_lora(module):
+            state_dict = fuse_lora_state_dict(module, state_dict)
+        with atomic_dir(output_dir) as tmp:
+            module.save_pretrained(tmp, state_dict=state_dict)
+            tokenizer.save_pretrained(tmp)
+    barrier()
+
+
+class atomic_dir:
+    """`with atomic_dir(target) as tmp:` writes into `tmp` and, only if the block succeeds, swaps `tmp` in as
+    `target`. Files already in `target` that are not model files (see MODEL_FILE_PATTERNS) are carried over, so
+    a log being written there keeps going; old model files are replaced as a whole, never half-overwritten."""
+
+    def __init__(self, target):
+        self.target = Path(target)
+
+    def __enter__(self):
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = make_temp_dir_beside(self.target)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        for path in self.tmp.rglob("*.safetensors"):
+            honour_umask(path)
+        with interrupts_deferred():  # never a moment without the target folder
+            self._swap()
+        return False
+
+    def _swap(self):
+        if self.target.exists():
+            for entry in self.target.iterdir():
+                if not _is_model_file(entry.name) and not (self.tmp / entry.name).exists():
+                    os.replace(entry, self.tmp / entry.name)
+            old = self.target.with_name(f".{self.target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(self.target, old)
+            os.replace(self.tmp, self.target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.target)
+
+
+def _is_model_file(name):
+    return any(fnmatch.fnmatch(name, pattern) for pattern in MODEL_FILE_PATTERNS)
+
+
+def load_safetensors(path):
+    """Tensors of a safetensors file (never a pickle)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def save_safetensors(tensors, path):
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+    honour_umask(path)
+

@@ -1,0 +1,203 @@
+"""Command-line flags shared by the steps, under DeepSpeed-Chat's names."""
+import json
+import math
+from pathlib import Path
+
+from utils.runtime.ds_utils import DTYPES
+from utils.runtime.errors import ArgumentParser, ConfigError  # noqa: F401 (ArgumentParser: the CLIs import it from here)
+
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+
+
+def add_data_args(parser, default_max_seq_len=256):
+    group = parser.add_argument_group("data")
+    group.add_argument("--data_path", nargs="*", default=["builtin"],
+                       help="Data sets: DeepSpeed-Chat registry names (e.g. Dahoas/rm-static), local/jsonfile, a "
+                            "local folder or .json/.jsonl file, 'builtin' (the built-in task, offline), or reasoning-gym "
+                            "tasks, 'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym extra).")
+    group.add_argument("--data_split", type=str, default="2,4,4",
+                       help="Proportions of each data set for steps 1, 2 and 3, e.g. 2,4,4.")
+    group.add_argument("--data_output_path", type=str, default="/tmp/data_files/",
+                       help="Where the shuffled split indices are cached (a local, non-shared folder).")
+    group.add_argument("--max_seq_len", type=int, default=default_max_seq_len,
+                       help="Maximum tokens of prompt + answer.")
+    return group
+
+
+def add_model_args(parser):
+    group = parser.add_argument_group("model")
+    group.add_argument("--model_name_or_path", type=str, default="tiny",
+                       help="A Hugging Face model name or folder, or a built-in name: tiny, smollm2-135m.")
+    group.add_argument("--dropout", type=float, default=None,
+                       help="Set every dropout probability of the model to this; unset keeps the model's own.")
+    group.add_argument("--trust_remote_code", action="store_true",
+                       help="Allow the model folder's own Python code to run (off by default).")
+    return group
+
+
+def add_training_args(parser, default_lr=1e-3, default_epochs=1):
+    group = parser.add_argument_group("training")
+    group.add_argument("--per_device_train_batch_size", type=int, default=16)
+    group.add_argument("--per_device_eval_batch_size", type=int, default=16)
+    group.add_argument("--learning_rate", type=float, default=default_lr)
+    group.add_argument("--weight_decay", type=float, default=0.0)
+    group.add_argument("--num_train_epochs", type=int, default=default_epochs)
+    group.add_argument("--max_steps", type=int, default=0,
+                       help="Stop after this many optimizer steps (0: run all epochs).")
+    group.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    group.add_argument("--lr_scheduler_type", type=str, default="cosine", choices=SCHEDULERS)
+    group.add_argument("--num_warmup_steps", type=int, default=0)
+    group.add_argument("--seed", type=int, default=1234)
+    group.add_argument("--gradient_checkpointing", action="store_true")
+    group.add_argument("--output_dir", type=str, default=None, help="Where the trained model is saved.")
+    return group
+
+
+def add_deepspeed_args(parser):
+    group = parser.add_argument_group("deepspeed")
+    group.add_argument("--local_rank", type=int, default=-1, help="Set by the deepspeed launcher.")
+    group.add_argument("--offload", action="store_true",
+                       help="Offload optimizer state (and at ZeRO-3 parameters) to the CPU (DeepSpeedCPUAdam).")
+    group.add_argument("--dtype", type=str, default="auto", choices=DTYPES,
+                       help="Training precision; auto is bf16 where the hardware runs it natively (a GPU with bf16, "
+                            "a CPU with AMX or AVX-512 BF16), else fp16 on CUDA and fp32 on a CPU.")
+    group.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
+    import deepspeed
+
+    deepspeed.add_config_arguments(parser)
+    return group
+
+
+def add_lora_args(parser):
+    group = parser.add_argument_group("LoRA")
+    group.add_argument("--lora_dim", type=int, default=0, help="LoRA rank; 0 disables LoRA.")
+    group.add_argument("--lora_module_name", type=str, default="layers.",
+                       help="Comma-separated parts of the names of the linear layers LoRA wraps.")
+    group.add_argument("--only_optimize_lora", action="store_true", help="Train the LoRA factors only.")
+    group.add_argument("--lora_learning_rate", type=float, default=5e-4)
+    return group
+
+
+def add_logging_args(parser):
+    group = parser.add_argument_group("logging")
+    group.add_argument("--enable_tensorboard", action="store_true")
+    group.add_argument("--tensorboard_path", type=str, default="step_tensorboard")
+    group.add_argument("--print_interval", type=int, default=10,
+                       help="Optimizer steps between two loss/throughput lines.")
+    return group
+
+
+def add_eval_interval_args(group):
+    """Step 2's and DPO's mid-run evaluations, on their logging group."""
+    group.add_argument("--eval_interval", type=int, default=0,
+                       help="Optimizer steps between evaluations (0: only before and after training).")
+    group.add_argument("--eval_iters", type=int, default=0,
+                       help="Eval batches per evaluation (0: the whole eval split).")
+    return group
+
+
+def add_checkpoint_args(parser):
+    group = parser.add_argument_group("checkpoints")
+    group.add_argument("--save_steps", type=_at_least(0), default=0,
+                       help="Save a resumable checkpoint in <output_dir>/checkpoints/ every N optimizer steps (step 3: "
+                            "prompt batches) and at the last one; 0: never.")
+    group.add_argument("--save_total_limit", type=_at_least(1), default=2,
+                       help="Keep the newest N checkpoints (older ones are deleted once a new one is complete).")
+    group.add_argument("--resume", action="store_true",
+                       help="Resume from the latest complete checkpoint in <output_dir>/checkpoints/ (start from "
+                            "the beginning if there is none).")
+    group.add_argument("--overwrite_output_dir", action="store_true",
+                       help="Start over in an --output_dir that holds an earlier run's checkpoints, deleting them "
+                            "(without it, or --resume, such a folder is refused).")
+    return group
+
+
+# Flags that may differ between a run and its --resume: they change what is printed, logged or saved when, never
+# the weights a run ends with. Every other flag shapes training and is checked against the checkpoint's.
+RESUME_MAY_CHANGE = ("resume", "overwrite_output_dir", "save_steps", "save_total_limit", "print_interval",
+                     "print_answers", "print_answers_interval", "enable_tensorboard", "tensorboard_path",
+                     "per_device_eval_batch_size", "eval_iters", "data_output_path", "local_rank", "deepspeed",
+                     "deepscale")
+
+
+def training_flags(args, step):
+    """The flags that shape step `step`'s training (every flag but RESUME_MAY_CHANGE), as JSON values, for a
+    checkpoint to record: a --deepspeed_config file by its content."""
+    flags = {"step": step}
+    for name, value in sorted(vars(args).items()):
+        if name in RESUME_MAY_CHANGE:
+            continue
+        if name in ("deepspeed_config", "deepscale_config") and value:
+            value = json.loads(Path(value).read_text())
+        flags[name] = value
+    return json.loads(json.dumps(flags))
+
+
+def _at_least(minimum):
+    """An argparse `type`: an int of at least `minimum` (else a one-line error naming the flag)."""
+    from argparse import ArgumentTypeError
+
+    def parse(text):
+        value = int(text)
+        if value < minimum:
+            raise ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _positive(value):
+    return value > 0
+
+
+def _non_negative(value):
+    return value >= 0
+
+
+# The range of each numeric flag a step may have, checked for the flags it has. Written as comparisons that a NaN
+# fails (NaN > 0 and NaN <= 0 are both false), so NaN is refused everywhere; inf too.
+FLAG_RANGES = {
+    **dict.fromkeys(("learning_rate", "lora_learning_rate", "actor_learning_rate", "critic_learning_rate",
+                     "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange",
+                     "cliprange_value", "adaptive_kl_horizon"), ("positive", _positive)),
+    **dict.fromkeys(("weight_decay", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
+                     "reward_clip", "unsup_coef", "missing_eos_penalty"), ("at least 0", _non_negative)),
+    **dict.fromkeys(("dropout", "actor_dropout", "critic_dropout"), ("in [0, 1)", lambda value: 0 <= value < 1)),
+    **dict.fromkeys(("ema_beta", "gamma", "lam"), ("in [0, 1]", lambda value: 0 <= value <= 1)),
+    "top_p": ("in (0, 1]", lambda value: 0 < value <= 1),
+    **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "max_seq_len", "num_train_epochs", "print_interval", "print_answers_interval"),
+                    ("at least 1", lambda value: value >= 1)),
+    **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps"),
+                    ("at least 0", _non_negative)),
+    "seed": ("in [0, 2**32)", lambda value: 0 <= value < 2 ** 32),  # what NumPy's seeding takes
+}
+
+
+def check_flag_ranges(args):
+    """Refuse a numeric flag outside its FLAG_RANGES range (None: unset, left to its default meaning)."""
+    for name, (allowed, test) in FLAG_RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and test(value)):
+            raise ConfigError(f"--{name} must be {allowed}, not {value}")
+
+
+def check_common_args(args):
+    """Flag values and combinations no step can run with, refused before any model is loaded."""
+    check_flag_ranges(args)
+    # Steps 1 and 2 have --lora_dim; step 3 has --actor_lora_dim / --critic_lora_dim and checks them itself.
+    if getattr(args, "only_optimize_lora", False) and hasattr(args, "lora_dim") and args.lora_dim <= 0:
+        raise ConfigError("--only_optimize_lora needs --lora_dim > 0")
+    data_output_path = getattr(args, "data_output_path", None)
+    if data_output_path and Path(data_output_path).exists() and not Path(data_output_path).is_dir():
+        raise ConfigError(f"--data_output_path {data_output_path} is a file, not a folder")
+
+
+def check_output_file(flag, path):
+    """Refuse an output file whose folder does not exist, or that is a folder, before any work that would be lost
+    at the end."""
+    if path and not Path(path).resolve().parent.is_dir():
+        raise ConfigError(f"{flag} {path}: its folder {Path(path).resolve().parent} does not exist")
+    if path and Path(path).is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file to write")

@@ -1,0 +1,560 @@
+"""Resumable training checkpoints: save every --save_steps optimizer steps (step 3: prompt batches), and with
+--resume start from the latest complete one, so that the resumed run goes on exactly as the uninterrupted run
+would have (same batches, same random draws, same weights to the bit).
+
+A checkpoint holds everything a run's future depends on:
+
+    <output_dir>/checkpoints/
+        step120/                  one complete checkpoint
+            model/                DeepSpeed's engine.save_checkpoint (weights, optimizer, LR scheduler), one
+                                  folder per trained engine (step 3: actor/, critic/)
+            actor_ema.safetensors weights of a model without an optimizer (step 3's EMA)
+            state.json            the step, the trainer's own state (metrics so far; for PPO the KL
+                                  controller, reward moments, minibatch shuffler, metric history), rank 0
+            position_rank0.json   per rank: where the run is in its data, and every random generator's state
+            COMPLETE              written last, with each file's size and sha256: a folder without it is never
+                                  resumed from, one whose files no longer match is skipped for an older one
+        latest                    the name of the newest complete checkpoint (replaced atomically)
+        .step130.k2x9.tmp/        a checkpoint being written, or left by a killed run: never resumed from
+
+Writing is atomic: every rank writes into one temporary folder beside the final one; after a barrier rank 0
+writes COMPLETE, renames the folder into place and then points `latest` at it (a temporary file and
+`os.replace`). Only then are this run's checkpoints beyond the newest --save_total_limit deleted (never another
+run's: `claim_output_dir` locks the output folder for one run and settles an earlier run's checkpoints and
+leftovers before training starts). The output folder must be
+on a file system every rank sees (as DeepSpeed's own checkpoints assume). Own state is JSON and safetensors,
+never pickle (DeepSpeed's engine files are its own `torch.save` format).
+"""
+import json
+import os
+import random
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from utils.runtime.dist import barrier, is_rank_0, print_rank_0
+from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, interrupts_deferred, on_exit
+from utils.runtime.paths import FolderLock, make_temp_dir_beside
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+COMPLETE = "COMPLETE"
+NAME = re.compile(r"step(\d+)")
+# Left by an interrupted write: make_temp_dir_beside's `.<name>.<8 characters>.tmp`, atomic_dir's `.<name>.old`,
+# the `latest` pointer's `.latest.<pid>.tmp`.
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.tmp|old|\d+\.tmp)")
+
+
+def checkpoint_name(step):
+    return f"step{step}"
+
+
+def checkpoint_step(path):
+    """The step of a checkpoint folder `stepN`; None for any other name (temporary folders included)."""
+    match = NAME.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete(path):
+    """A checkpoint folder that was written to the end: named stepN and holding the COMPLETE marker."""
+    path = Path(path)
+    return checkpoint_step(path) is not None and (path / COMPLETE).is_file()
+
+
+def latest_checkpoint(root):
+    """The checkpoint to resume from in `root` (a `checkpoints/` folder): the one `latest` names if it is complete,
+    else the complete one of the highest step (a run killed between the rename and the pointer); None if none."""
+    return next(iter(_resume_order(root)), None)
+
+
+def _resume_order(root):
+    """Complete checkpoints in the order --resume tries them: the one `latest` names, then the others from the
+    highest step down."""
+    root = Path(root)
+    pointer = root / LATEST
+    named = pointer.read_text().strip() if pointer.is_file() else ""
+    complete = sorted((path for path in root.iterdir() if is_complete(path)), key=checkpoint_step,
+                      reverse=True) if root.is_dir() else []
+    first = [path for path in complete if path.name == named]
+    return first + [path for path in complete if path.name != named]
+
+
+def newest_good_checkpoint(root):
+    """(the checkpoint to resume from, [(a newer one skipped, why), ...]): the first of `latest_checkpoint`'s
+    order whose files match the sizes and checksums written with it."""
+    damaged = []
+    for path in _resume_order(root):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, damaged
+        damaged.append((path, problem))
+    return None, damaged
+
+
+def file_manifest(folder):
+    """{relative path: [size in bytes, sha256]} of every file under `folder`."""
+    return {str(path.relative_to(folder)): [path.stat().st_size, _sha256(path)]
+            for path in sorted(Path(folder).rglob("*")) if path.is_file()}
+
+
+def _sha256(path):
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def verify_checkpoint(path):
+    """None if every file the checkpoint's COMPLETE lists is there with its size and checksum, else what is
+    wrong. A checkpoint written before COMPLETE held the list is taken as it is."""
+    try:
+        complete = json.loads((Path(path) / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(complete, dict) or "files" not in complete:
+        return None
+    for name, (size, digest) in complete["files"].items():
+        file = Path(path) / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, not the {size} written"
+        if _sha256(file) != digest:
+            return f"{name} does not match the checksum written with it"
+    return None
+
+
+def checkpoints_in(root):
+    """The checkpoint folders (complete or not) in `root`, by step."""
+    root = Path(root)
+    found = [path for path in root.iterdir() if path.is_dir() and checkpoint_step(path) is not None] \
+        if root.is_dir() else []
+    return sorted(found, key=checkpoint_step)
+
+
+# ---- the output folder -------------------------------------------------------------------------------------------
+
+
+def claim_output_dir(args, inputs=None, model_dirs=None):
+    """Settle everything about --output_dir that could fail late or do harm, before any data or model is loaded.
+    Rank 0 checks; every rank raises the same ConfigError if a check fails.
+
+    - it is, or can be made, a folder this process can write to (a file is created in it and deleted);
+    - no input model folder (`inputs`: {flag: path}) is a folder the run saves a model into (`model_dirs`,
+      default: the output folder itself), which the save would replace;
+    - no other run uses it: an exclusive FolderLock, held until this process's main ends, naming its PID;
+    - a fresh run does not start over an earlier run's checkpoints (its pruning would delete them): --resume
+      continues them, --overwrite_output_dir deletes them first;
+    - temporary folders and files left by an interrupted save are deleted.
+    Folders it had to create are removed at exit if the run left them empty.
+    """
+    message = None
+    if is_rank_0():
+        try:
+            _claim_output_dir(Path(args.output_dir), args.resume, args.overwrite_output_dir, inputs or {},
+                              model_dirs)
+        except ChatRLHFError as err:
+            message = str(err)
+    message = _broadcast(message)
+    if message is not None:
+        raise ConfigError(message)
+
+
+def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
+    for flag, path in inputs.items():
+        for model_dir in model_dirs or [out]:
+            if Path(path).is_dir() and Path(path).resolve() == Path(model_dir).resolve():
+                raise ConfigError(f"--output_dir {out} would save the trained model into {flag} {path}, "
+                                  "replacing the weights it starts from; pick another --output_dir")
+    created = _make_dirs(out)
+    lock = FolderLock(out)
+    if not lock.acquire():
+        _remove_if_empty(created)
+        raise ConfigError(f"--output_dir {out} is in use by another run (PID {lock.holder()}, holding "
+                          f"{lock.path}); wait for it to end or pick another --output_dir")
+    on_exit(lambda: (lock.release(), _remove_if_empty(created), interrupt_hint(None)))
+    interrupt_hint("resume with --resume")
+    root = out / CHECKPOINTS
+    earlier = checkpoints_in(root)
+    if earlier and not resume:
+        if not overwrite:
+            names = ", ".join(path.name for path in earlier)
+            raise ConfigError(f"--output_dir {out} holds checkpoints of an earlier run ({names}); pass --resume to "
+                              "continue it, --overwrite_output_dir to delete them and start over, or pick another "
+                              "--output_dir")
+        shutil.rmtree(root)
+        print_rank_0(f"--overwrite_output_dir: deleted the earlier run's checkpoints in {root}")
+    for folder, name in ((out.resolve().parent, out.resolve().name), (out, None), (root, None)):
+        for path in folder.iterdir() if folder.is_dir() else ():
+            match = TEMPORARY.fullmatch(path.name)
+            if match and (name is None or match.group("name") == name):
+                print_rank_0(f"deleting {path}, left by an interrupted save")
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _make_dirs(out):
+    """Create `out` (and missing parents) and check that a file can be written in it; the folders created,
+    deepest first."""
+    missing = [path for path in [out, *out.parents] if not path.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        import tempfile
+
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        _remove_if_empty(missing)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--output_dir {out} is a file, not a folder") from None
+        raise ConfigError(f"--output_dir {out}: cannot write there ({err.strerror or err})") from None
+    return missing
+
+
+def _remove_if_empty(folders):
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+# ---- random states, as JSON --------------------------------------------------------------------------------------
+
+
+def python_random_state(generator=random):
+    """`random.getstate()` (of the module or a `random.Random`) as JSON-ready lists."""
+    version, internal, gauss_next = generator.getstate()
+    return [version, list(internal), gauss_next]
+
+
+def set_python_random_state(state, generator=random):
+    version, internal, gauss_next = state
+    generator.setstate((version, tuple(internal), gauss_next))
+
+
+def rng_state():
+    """The states of every random generator a step draws from: Python, NumPy, torch on the CPU and on each CUDA
+    device (this rank's view)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    state = {"python": python_random_state(),
+             "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian)],
+             "torch": torch.get_rng_state().tolist()}
+    if torch.cuda.is_available():
+        state["cuda"] = [device_state.tolist() for device_state in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state):
+    set_python_random_state(state["python"])
+    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+# ---- where a run is in its data ----------------------------------------------------------------------------------
+
+
+class TrainingPosition:
+    """Where a run is: the epoch, the batches of it already consumed, the shuffling sampler's state at the epoch's
+    start, and (when resumed) the random states to continue with.
+
+        position = TrainingPosition(train_loader)
+        for epoch in position.epochs(num_train_epochs):
+            for micro_step, batch in position.batches(epoch):   # micro_step counts from the epoch's start
+                ...
+
+    A resumed position re-shuffles the epoch exactly as before (the single-process sampler's generator is put
+    back to its state at the epoch's start; a DistributedSampler shuffles by seed and epoch alone), skips the
+    batches already consumed, and only then restores the random states: creating a DataLoader iterator draws from
+    torch's global generator, so restoring them earlier would shift every later draw by one.
+    """
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.epoch = 0
+        self.consumed = 0
+        self._sampler_state = None
+        self._resume_rng = None
+
+    def epochs(self, num_epochs):
+        return range(self.epoch, num_epochs)
+
+    def batches(self, epoch):
+        sampler = self.loader.sampler
+        resuming = self._resume_rng is not None and epoch == self.epoch
+        if not resuming:
+            self.epoch, self.consumed, self._sampler_state = epoch, 0, None
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        generator = getattr(sampler, "generator", None)
+        if generator is not None:
+            if self._sampler_state is not None:
+                generator.set_state(torch.tensor(self._sampler_state, dtype=torch.uint8))
+            self._sampler_state = generator.get_state().tolist()
+        iterator = iter(self.loader)
+        skip = self.consumed
+        for _ in range(skip):
+            next(iterator)
+        if resuming:
+            set_rng_state(self._resume_rng)
+            self._resume_rng = None
+        for micro_step, batch in enumerate(iterator, start=skip):
+            self.consumed = micro_step + 1
+            yield micro_step, batch
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "consumed": self.consumed, "sampler_state": self._sampler_state}
+
+    def load_state_dict(self, state, rng=None):
+        """Go back to `state`; `rng` (from `rng_state()`) is restored once the resumed epoch has been reached."""
+        self.epoch, self.consumed, self._sampler_state = state["epoch"], state["consumed"], state["sampler_state"]
+        self._resume_rng = rng
+
+
+class CountingIterator:
+    """An iterator that counts the items drawn from it, so that a resumed run can skip as many (step 3's endless
+    cycle of pretraining batches)."""
+
+    def __init__(self, iterable):
+        self.iterator, self.drawn = iter(iterable), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self.iterator)
+        self.drawn += 1
+        return item
+
+    def skip(self, count):
+        for _ in range(count):
+            next(self)
+
+
+# ---- saving and resuming -----------------------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Saves and resumes the checkpoints of one run in `<output_dir>/checkpoints/`.
+
+    engines   {name: DeepSpeed engine} trained with an optimizer: saved with `engine.save_checkpoint`
+    weights   {name: DeepSpeed engine} without an optimizer (step 3's EMA): its weights as safetensors
+    position  the run's TrainingPosition
+    flags     the flags that shape training (utils.args.training_flags): recorded with each checkpoint, and a
+              resume with other ones is refused, naming each difference
+
+    Every rank must call `save_if_due`, `save` and `resume` (they gather, and wait for each other).
+    """
+
+    def __init__(self, output_dir, save_steps, save_total_limit, engines, position, weights=None, flags=None):
+        self.root = Path(output_dir) / CHECKPOINTS
+        self.flags = flags or {}
+        self.save_steps, self.save_total_limit = save_steps, save_total_limit
+        self.engines, self.position = engines, position
+        self.weights = {name: engine for name, engine in (weights or {}).items() if engine is not None}
+        self.last_step = 0
+        self.kept = []  # this run's checkpoints, oldest first (a fresh run does not count an earlier run's)
+
+    def due(self, step, total_steps):
+        """True at the first step at or after each multiple of save_steps, and at the last step."""
+        if self.save_steps <= 0 or step <= self.last_step:
+            return False
+        return step // self.save_steps > self.last_step // self.save_steps or step >= total_steps
+
+    def save_if_due(self, step, total_steps, state):
+        if self.due(step, total_steps):
+            self.save(step, state)
+
+    def save(self, step, state):
+        """Write checkpoint `stepN` (`state`: the trainer's own JSON-ready state), atomically; then point `latest`
+        at it and delete the checkpoints beyond the newest save_total_limit. SIGINT/SIGTERM wait for its end."""
+        with interrupts_deferred():
+            self._save(step, state)
+
+    def _save(self, step, state):
+        for name, engine in {**self.engines, **self.weights}.items():
+            check_finite_weights(engine.module, f"the {name} weights after step {step}")
+        rank, world_size = _rank_and_world_size()
+        target = self.root / checkpoint_name(step)
+        tmp = None
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = make_temp_dir_beside(target)
+        tmp = Path(_broadcast(str(tmp) if rank == 0 else None))
+        try:
+            for name, engine in self.engines.items():
+                engine.save_checkpoint(str(tmp), tag=name, save_latest=False)
+            for name, engine in self.weights.items():
+                _save_weights(engine, tmp / f"{name}.safetensors")
+            _write_json(tmp / f"position_rank{rank}.json",
+                        {"data": self.position.state_dict(), "rng": rng_state()})
+            if rank == 0:
+                micro_steps = {name: engine.micro_steps for name, engine in self.engines.items()}
+                _write_json(tmp / "state.json", {"step": step, "world_size": world_size, "micro_steps": micro_steps,
+                                                 "flags": self.flags, "trainer": state})
+            barrier()
+            if rank == 0:
+                _write_json(tmp / COMPLETE, {"step": step, "files": file_manifest(tmp)})
+                _replace_dir(tmp, target)
+                _write_text_atomic(self.root / LATEST, target.name)
+                self.kept = [path for path in self.kept if path != target] + [target]
+                self._prune()
+        finally:
+            if rank == 0 and tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        barrier()
+        self.last_step = step
+        print_rank_0(f"saved checkpoint {target}")
+
+    def resume(self):
+        """Load the latest complete checkpoint into the engines, weights and position, and return the trainer's
+        state saved with it plus its `step`; None (and a fresh start) when there is no checkpoint yet."""
+        path, problem = None, None
+        if is_rank_0():
+            path, damaged = newest_good_checkpoint(self.root)
+            for skipped, why in damaged:
+                print(f"warning: --resume: skipping {skipped}, damaged: {why}", file=sys.stderr, flush=True)
+            if path is None and damaged:
+                problem = (f"--resume: no checkpoint in {self.root} is usable ("
+                           f"{'; '.join(f'{skipped.name}: {why}' for skipped, why in damaged)}); start over with "
+                           "--overwrite_output_dir")
+            path = None if path is None else str(path)
+        path, problem = _broadcast(path), _broadcast(problem)
+        if problem:
+            raise ChatRLHFError(problem)
+        if path is None:
+            print_rank_0(f"--resume: no complete checkpoint in {self.root}; starting from the beginning")
+            return None
+        path = Path(path)
+        saved = _read_json(path / "state.json")
+        rank, world_size = _rank_and_world_size()
+        differences = flag_differences({**saved.get("flags", {}), "processes": saved["world_size"]},
+                                       {**self.flags, "processes": world_size})
+        if differences:
+            raise ConfigError(f"--resume: {path} was written with other flags: {'; '.join(differences)}. Resume "
+                              "with the checkpoint's flags (only the README's 'may change on resume' list may "
+                              "differ), or start over with --overwrite_output_dir or another --output_dir")
+        for name, engine in self.engines.items():
+            load_path, _ = engine.load_checkpoint(str(path), tag=name)
+            if load_path is None:
+                raise ChatRLHFError(f"--resume: could not load the {name} engine from {path}")
+            engine.micro_steps = saved["micro_steps"][name]  # DeepSpeed restores global_steps, not micro_steps
+        for name, engine in self.weights.items():
+            _load_weights(engine, path / f"{name}.safetensors")
+        position = _read_json(path / f"position_rank{rank}.json")
+        self.position.load_state_dict(position["data"], rng=position["rng"])
+        self.last_step = saved["step"]
+        self.kept = sorted((p for p in self.root.iterdir() if is_complete(p) and checkpoint_step(p) <= self.last_step),
+                           key=checkpoint_step)
+        print_rank_0(f"resumed from {path} (step {self.last_step})")
+        return {"step": saved["step"], **saved["trainer"]}
+
+    def _prune(self):
+        """Keep this run's newest save_total_limit checkpoints and delete its older ones; nothing else in
+        `checkpoints/` is touched (claim_output_dir has settled an earlier run's). Rank 0, after `latest` moved."""
+        for path in self.kept[:-self.save_total_limit]:
+            shutil.rmtree(path, ignore_errors=True)
+        self.kept = self.kept[-self.save_total_limit:]
+
+
+def flag_differences(saved, current):
+    """`--name <saved> (now <current>)` for each flag both record with different values; a flag only one of them
+    knows (added or removed by another version of the code) is not compared."""
+    differences = []
+    for name in sorted(saved.keys() & current.keys()):
+        if saved[name] != current[name]:
+            label = "processes:" if name == "processes" else f"--{name}"
+            differences.append(f"{label} {_flag_text(saved[name])} (now {_flag_text(current[name])})")
+    return differences
+
+
+def _flag_text(value):
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
+
+
+def check_finite_weights(module, what):
+    """Refuse to checkpoint weights that hold a NaN or inf (this rank's partition under ZeRO-3): the last good
+    checkpoint stays the latest."""
+    with torch.no_grad():
+        for param in module.parameters():
+            local = param.ds_tensor if hasattr(param, "ds_tensor") else param
+            if not torch.isfinite(local).all():
+                raise ChatRLHFError(f"{what} are not finite: stopping without writing a checkpoint (the last one "
+                                    "is kept; try a lower learning rate)")
+
+
+def _save_weights(engine, path):
+    from utils.model.save import gather_state_dict, save_safetensors
+
+    state_dict = gather_state_dict(engine.module, engine.zero_optimization_stage())
+    if state_dict is not None:
+        save_safetensors(state_dict, path)
+
+
+def _load_weights(engine, path):
+    """Copy saved weights into `engine.module` in place (gathered, then re-partitioned, under ZeRO-3)."""
+    import deepspeed
+
+    from utils.model.save import load_safetensors
+
+    tensors = load_safetensors(path)
+    zero3 = engine.zero_optimization_stage() == 3
+    persistent = set(engine.module.state_dict().keys())
+    with torch.no_grad():
+        for name, param in engine.module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=zero3):
+                param.copy_(tensors[name])
+        for name, buffer in engine.module.named_buffers():
+            if name in persistent:
+                buffer.copy_(tensors[name])
+
+
+def _rank_and_world_size():
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _broadcast(value):
+    """Rank 0's `value` (a string or None) on every rank."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _replace_dir(tmp, target):
+    """Rename `tmp` to `target`; an existing `target` (a checkpoint of an earlier run at the same step) is moved
+    aside first and deleted after."""
+    if target.exists():
+        old = make_temp_dir_beside(target)
+        os.replace(target, old / target.name)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+def _write_text_atomic(path, text):
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+
+
+def _write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
+def _read_json(path):
+    with open(path) as f:
+        return json.load(f)

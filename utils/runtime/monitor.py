@@ -1,0 +1,86 @@
+"""What a run reports: TensorBoard scalars, console lines, and throughput as DeepSpeed-Chat's
+`print_throughput` computes it (Megatron's FLOP formula)."""
+from utils.runtime.dist import is_rank_0, print_rank_0
+
+
+class Monitor:
+    """Scalars to TensorBoard (rank 0 only, under `<tensorboard_path>/<run_name>`) and to the console.
+
+    All three steps write under one `--tensorboard_path`, each in its own folder, so one TensorBoard shows the
+    curves of the whole pipeline."""
+
+    def __init__(self, enabled, tensorboard_path, run_name):
+        self.writer = None
+        if enabled and is_rank_0():
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=f"{tensorboard_path}/{run_name}")
+
+    def write(self, step, prefix, **values):
+        if self.writer is not None:
+            for name, value in values.items():
+                self.writer.add_scalar(f"{prefix}/{name}", float(value), step)
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+
+
+def format_scalars(**values):
+    return " ".join(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
+                    for name, value in values.items())
+
+
+def model_shape(config):
+    """(layers, hidden size, vocab size) across the naming schemes of HF configs."""
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    return layers, hidden, getattr(config, "vocab_size", 0)
+
+
+def training_flops(config, batch_size, seq_length, gradient_checkpointing=False, lora_dim=0):
+    """FLOPs of one forward+backward over batch_size x seq_length tokens (Megatron; as DeepSpeed-Chat):
+    24 * f * B * s * L * h^2 * (1 + s / (6h) + V / (16 L h)), f = 3 (4 with activation recomputation,
+    less the frozen weights' gradient share with LoRA)."""
+    layers, hidden, vocab = model_shape(config)
+    factor = 4 if gradient_checkpointing else 3
+    if lora_dim > 0:
+        factor -= 1 - lora_dim * 2 / hidden
+    return (24 * factor * batch_size * seq_length * layers * hidden ** 2
+            * (1.0 + seq_length / (6.0 * hidden) + vocab / (16.0 * layers * hidden)))
+
+
+class Throughput:
+    """Accumulates samples, tokens and FLOPs between reports; `report()` prints one DS-Chat-style line for the
+    steps since the last report and returns the figures for TensorBoard."""
+
+    def __init__(self, config, world_size, gradient_checkpointing=False, lora_dim=0):
+        self.config, self.world_size = config, world_size
+        self.gradient_checkpointing, self.lora_dim = gradient_checkpointing, lora_dim
+        self._reset()
+
+    def _reset(self):
+        self.seconds, self.steps, self.samples, self.tokens, self.flops = 0.0, 0, 0, 0, 0.0
+
+    def add(self, seconds, batch_size, seq_length, real_tokens):
+        """One micro-step of `seconds` (forward, backward, optimizer) over a padded batch_size x seq_length."""
+        self.seconds += seconds
+        self.steps += 1
+        self.samples += batch_size
+        self.tokens += real_tokens
+        self.flops += training_flops(self.config, batch_size, seq_length, self.gradient_checkpointing,
+                                     self.lora_dim)
+
+    def report(self):
+        if self.steps == 0:
+            return {}
+        elapsed = max(self.seconds, 1e-9)
+        figures = {"samples_per_s": self.samples * self.world_size / elapsed,
+                   "tokens_per_s": self.tokens * self.world_size / elapsed,
+                   "tflops": self.flops / elapsed / 1e12,
+                   "latency_s": elapsed / self.steps}
+        print_rank_0(f"throughput: latency {figures['latency_s']:.3f} s/step, "
+                     f"{figures['samples_per_s']:.1f} samples/s, {figures['tokens_per_s']:.0f} tokens/s, "
+                     f"{figures['tflops']:.4f} TFLOPs per process")
+        self._reset()
+        return figures
