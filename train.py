@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -24,11 +25,15 @@ from pathlib import Path
 from typing import Callable
 
 from training.recipes import recipe_flags
-from utils.runtime.errors import ArgumentParser, ConfigError, cli_entry
+from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
+                                 interrupts_deferred)
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
 LOG_TAIL_LINES = 20
+# How long an interrupted step may take to finish a checkpoint and exit before it is killed (DeepSpeed's launcher
+# gives its ranks 30 s after a SIGTERM).
+CHILD_EXIT_TIMEOUT = 120
 # Sampled answers per held-out prompt in the closing evaluation: one per prompt leaves a standard error of about
 # 0.02 on a 400-prompt mean checker score, as large as the differences the evaluation is there to show.
 EVAL_SAMPLES_PER_PROMPT = 4
@@ -206,11 +211,12 @@ def run_stage(args, stage, command, out_dir):
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "training.log"
     print(f"---- step {step} ({stage}): {STAGES[stage].folder} -> {out_dir} (log: {log_path})", flush=True)
+    interrupt_hint(f"step {step} stopped (its log: {log_path}); resume with --resume")
     start = time.time()
     with open(log_path, "a" if args.resume else "w") as log:  # a resumed step's log continues
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
-        returncode = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        returncode = run_child(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     elapsed = time.time() - start
     if returncode != 0:
         print(f"step {step} FAILED after {elapsed:.0f} s (exit {returncode}); last lines of {log_path}:")
@@ -224,6 +230,42 @@ def run_stage(args, stage, command, out_dir):
         return None
     print(f"step {step} done in {elapsed:.1f} s", flush=True)
     return elapsed
+
+
+def run_child(command, **popen_kwargs):
+    """Run `command` in a process group of its own and return its exit code. On SIGINT or SIGTERM the signal is
+    passed on to the whole group (the launcher and every rank, which finish or discard a checkpoint in progress
+    and exit) and awaited, so no step trains on as an orphan; then the interruption goes on up."""
+    process = subprocess.Popen(command, start_new_session=True, **popen_kwargs)
+    try:
+        return process.wait()
+    except Interrupted as stop:
+        with interrupts_deferred():
+            os.killpg(process.pid, stop.signum)
+            process.wait()
+            if not wait_for_group(process.pid, CHILD_EXIT_TIMEOUT):  # the launcher outlives the `bash run.sh`
+                os.killpg(process.pid, signal.SIGKILL)
+        raise
+
+
+def wait_for_group(pgid, timeout):
+    """Wait until no live process is left in the process group `pgid`; False if some still are after `timeout`
+    seconds."""
+    import psutil
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = []
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+            except (psutil.Error, OSError):
+                continue
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def actor_dir(dirs, stage):
@@ -287,6 +329,7 @@ def check_inputs(args, stages, dirs):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
+    interrupt_hint("resume with --resume")
     dirs = output_dirs(args)
     stages = [name for name in pipeline(args) if STAGES[name].step in args.step]
     if not args.dry_run:
@@ -304,7 +347,7 @@ def main(argv=None):
     if command:
         print("---- evaluation: " + shlex.join(command), flush=True)
         start = time.time()
-        if subprocess.run(command, env=stage_env()).returncode != 0:
+        if run_child(command, env=stage_env()) != 0:
             return 1
         wall_times["evaluation"] = time.time() - start
     write_report(args, dirs, wall_times, None if command is None else Path(args.output_dir) / "evaluation.json")

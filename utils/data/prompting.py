@@ -18,7 +18,8 @@ def has_chat_template(tokenizer):
 
 def parse_dialogue(prompt):
     """[(user, assistant), ..., (user, None)] from a prompt in DeepSpeed-Chat's form; a prompt without
-    speaker markers is one user turn."""
+    speaker markers is one user turn. An empty assistant turn before the last ("... Assistant: Human: ...", about
+    1% of HH-RLHF's rows) is a turn whose answer is "", as written."""
     pieces = _SPEAKER.split(prompt)
     if len(pieces) < 3:
         return [(prompt.strip(), None)]
@@ -28,7 +29,7 @@ def parse_dialogue(prompt):
         if speaker == "Human":
             user = text if user is None else f"{user}\n{text}"
         elif user is not None:
-            turns.append((user, text or None))
+            turns.append((user, text))
             user = None
     if user is not None:
         turns.append((user, None))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from utils.model.lora import fuse_lora_state_dict, has_lora
 from utils.runtime.dist import barrier, is_rank_0
+from utils.runtime.errors import interrupts_deferred
 from utils.runtime.paths import honour_umask, make_temp_dir_beside
 
 # Files that belong to a saved model; anything else in an output folder (training.log, TensorBoard runs,
@@ -74,6 +75,11 @@ class atomic_dir:
             return False
         for path in self.tmp.rglob("*.safetensors"):
             honour_umask(path)
+        with interrupts_deferred():  # never a moment without the target folder
+            self._swap()
+        return False
+
+    def _swap(self):
         if self.target.exists():
             for entry in self.target.iterdir():
                 if not _is_model_file(entry.name) and not (self.tmp / entry.name).exists():
@@ -85,7 +91,6 @@ class atomic_dir:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(self.tmp, self.target)
-        return False
 
 
 def _is_model_file(name):

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from utils.runtime.dist import barrier, is_rank_0, print_rank_0
-from utils.runtime.errors import ChatRLHFError, ConfigError, on_exit
+from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, interrupts_deferred, on_exit
 from utils.runtime.paths import FolderLock, make_temp_dir_beside
 
 CHECKPOINTS = "checkpoints"
@@ -176,7 +176,8 @@ def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
         _remove_if_empty(created)
         raise ConfigError(f"--output_dir {out} is in use by another run (PID {lock.holder()}, holding "
                           f"{lock.path}); wait for it to end or pick another --output_dir")
-    on_exit(lambda: (lock.release(), _remove_if_empty(created)))
+    on_exit(lambda: (lock.release(), _remove_if_empty(created), interrupt_hint(None)))
+    interrupt_hint("resume with --resume")
     root = out / CHECKPOINTS
     earlier = checkpoints_in(root)
     if earlier and not resume:
@@ -372,7 +373,11 @@ class Checkpointer:
 
     def save(self, step, state):
         """Write checkpoint `stepN` (`state`: the trainer's own JSON-ready state), atomically; then point `latest`
-        at it and delete the checkpoints beyond the newest save_total_limit."""
+        at it and delete the checkpoints beyond the newest save_total_limit. SIGINT/SIGTERM wait for its end."""
+        with interrupts_deferred():
+            self._save(step, state)
+
+    def _save(self, step, state):
         for name, engine in {**self.engines, **self.weights}.items():
             check_finite_weights(engine.module, f"the {name} weights after step {step}")
         rank, world_size = _rank_and_world_size()

@@ -3,6 +3,7 @@ import os
 import random
 import socket
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,6 +23,10 @@ def init_distributed():
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
+    if os.environ.get("WORLD_SIZE") == "1":
+        skip_shared_memory_op_build()
+    else:
+        check_op_build_lock("deepspeed_shm_comm")
     deepspeed.init_distributed(verbose=False)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     accelerator = get_accelerator()
@@ -31,6 +36,48 @@ def init_distributed():
         accelerator.set_device(local_rank)
         device = torch.device(accelerator.device_name(local_rank))
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device
+
+
+def skip_shared_memory_op_build():
+    """DeepSpeed compiles its shared-memory all-reduce op (C++, once per machine, a minute) whenever it starts
+    torch.distributed on a CPU, also for a world of one that never reduces anything: not there."""
+    import importlib
+
+    backend = importlib.import_module("deepspeed.comm.torch")  # (the attribute deepspeed.comm.torch is torch)
+    if hasattr(backend, "build_shm_op"):
+        backend.build_shm_op = lambda: None
+
+
+def check_op_build_lock(name):
+    """Refuse to start on a torch-extension build lock that no build holds. torch builds an op (`name`) under a
+    `lock` file in its build folder and waits, silently and forever, while that file exists; a build killed half-way
+    leaves it behind. The building process holds the file open, so a lock no process has open is stale."""
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    for _ in range(2):  # a build that just ended closes its lock, then deletes it: look twice
+        if not lock.exists() or _processes_holding(lock):
+            return
+        time.sleep(1.0)
+    if lock.exists():
+        from utils.runtime.errors import ChatRLHFError
+
+        raise ChatRLHFError(f"{lock} is left by a build of DeepSpeed's {name} op that was stopped half-way (no "
+                            f"process has it open): remove that file and start again (the op is then built anew)")
+
+
+def _processes_holding(path):
+    """PIDs of the processes (that this user may inspect) with `path` open."""
+    holders = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == str(path) for fd in fd_dir.iterdir()):
+                holders.append(int(fd_dir.parent.name))
+        except OSError:
+            continue
+    return holders
 
 
 def free_port():

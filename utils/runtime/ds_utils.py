@@ -181,6 +181,10 @@ def create_optimizer(param_groups, learning_rate, offload, betas=(0.9, 0.95)):
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
+        from utils.runtime.dist import check_op_build_lock
+
+        check_op_build_lock("cpu_adam")
+
         return DeepSpeedCPUAdam(param_groups, lr=learning_rate, betas=betas)
     from deepspeed.accelerator import get_accelerator
 

@@ -22,6 +22,9 @@ def chat_tokenizer(tiny_tokenizer):
     ("\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how are you?\n\nAssistant:",
      [("hi", "hello"), ("how are you?", None)]),
     ("just a question", [("just a question", None)]),
+    # HH-RLHF rows with an empty assistant turn in the middle: a turn answered with ""
+    ("\n\nHuman: hi\n\nAssistant: Human: anyone?\n\nAssistant:", [("hi", ""), ("anyone?", None)]),
+    (" Human: a Assistant: Human: b Assistant: c Human: d Assistant:", [("a", ""), ("b", "c"), ("d", None)]),
 ])
 def test_parse_dialogue(prompt, turns):
     assert parse_dialogue(prompt) == turns
@@ -44,6 +47,15 @@ def test_a_chat_template_model_gets_its_own_format(chat_tokenizer):
     answer_ids = tokenize_answer(chat_tokenizer, " 19")
     assert answer_ids[-1] == chat_tokenizer.eos_token_id
     assert chat_tokenizer.decode(answer_ids[:-1]) == "19"
+
+
+def test_an_empty_assistant_turn_in_the_middle_is_formatted_for_a_chat_template_model(chat_tokenizer):
+    """It crashed steps 1-3 and rw_eval on HH-RLHF data with SmolLM2 ("only the last turn may be without an
+    assistant answer")."""
+    text = model_prompt(chat_tokenizer, "\n\nHuman: hi\n\nAssistant: Human: anyone there?\n\nAssistant:")
+    assert text == ("<|im_start|>user\nhi</s>\n<|im_start|>assistant\n</s>\n<|im_start|>user\nanyone there?</s>\n"
+                    "<|im_start|>assistant\n")
+    assert tokenize_prompt(chat_tokenizer, "\n\nHuman: hi\n\nAssistant: Human: anyone there?\n\nAssistant:")
 
 
 def test_format_turns_refuses_a_finished_conversation(tiny_tokenizer):

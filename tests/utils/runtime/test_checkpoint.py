@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from utils.data.data_utils import DataCollatorSFT, ListDataset, make_dataloader
 from utils.runtime.checkpoint import (COMPLETE, Checkpointer, LATEST, TrainingPosition, claim_output_dir, file_manifest,
-                                      is_complete, latest_checkpoint, rng_state, set_rng_state)
+                                      is_complete, latest_checkpoint, rng_state, set_rng_state,
+                                      verify_checkpoint)
 from utils.runtime.ds_utils import get_train_ds_config
 from utils.runtime.engine import init_train_engine
 from utils.runtime.errors import ChatRLHFError, ConfigError, _run_exit_callbacks
@@ -346,3 +347,38 @@ def test_rng_state_round_trips_through_json():
     draws = (random.random(), np.random.rand(), torch.rand(1).item())
     set_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
+
+
+class SignallingEngine:
+    """An engine that, half-way through its save, gets a SIGTERM (a scheduler ending the job)."""
+
+    def __init__(self, engine):
+        self.engine, self.module, self.micro_steps = engine, engine.module, engine.micro_steps
+
+    def save_checkpoint(self, save_dir, tag, save_latest):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+        return self.engine.save_checkpoint(save_dir, tag=tag, save_latest=save_latest)
+
+
+def test_a_signal_during_a_checkpoint_save_lets_it_finish_then_ends_the_run_in_one_line(
+        make_engine, tmp_path, capsys):
+    from utils.runtime.errors import cli_entry
+
+    engine, position = make_engine(), TrainingPosition(make_loader())
+    checkpointer = Checkpointer(tmp_path, 1, 2, {"model": SignallingEngine(engine)}, position)
+
+    @cli_entry
+    def main():
+        checkpointer.save(1, {})
+        raise AssertionError("the run went on after the signal")
+
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 143
+    assert capsys.readouterr().err == "interrupted: SIGTERM\n"
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step1"]  # finished, and complete
+    assert latest_checkpoint(root) == root / "step1" and verify_checkpoint(root / "step1") is None

@@ -1,10 +1,15 @@
 """Tests of utils/runtime/ds_utils.py: optimizer parameter groups, dtype resolution, the DeepSpeed configs and the
-user's config overlay."""
+user's config overlay; and of DeepSpeed's one-time op builds at start-up (none for one process, a stale build
+lock reported instead of waited on)."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from deepspeed.accelerator import get_accelerator
+from processes import REPO, subprocess_env
 from transformers import AutoModelForCausalLM
 
 from utils.model.lora import convert_linear_layer_to_lora
@@ -222,3 +227,51 @@ def test_merge_user_config_bad_file(tmp_path, content):
         path.write_text(content)
     with pytest.raises(ConfigError, match="--deepspeed_config"):
         merge_user_ds_config(base_config(), str(path))
+
+
+# --------------------------------------------------------------------------- DeepSpeed's one-time op builds
+
+
+def run_python(code, env, timeout=120):
+    return subprocess.run([sys.executable, "-c", code], env={**subprocess_env(), **env}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_world_of_one_builds_no_deepspeed_op(tmp_path):
+    """DeepSpeed would compile its shared-memory all-reduce op (a minute, once per machine) for one process."""
+    result = run_python("from utils.runtime.dist import init_distributed; print(init_distributed()[:2])",
+                        {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert result.returncode == 0 and "(0, 1)" in result.stdout, result.stderr[-2000:]
+    assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.o"))
+
+
+def test_a_stale_op_build_lock_is_one_error_naming_it_within_seconds(tmp_path):
+    """torch waits forever on the lock a killed build left; a step of a two-process run now says so at once."""
+    import time
+
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    lock_path = "from torch.utils.cpp_extension import _get_build_directory as d; " \
+                "print(d('deepspeed_shm_comm', verbose=False) + '/lock')"
+    lock = Path(run_python(lock_path, env).stdout.strip())
+    lock.write_text("")  # left by a build killed half-way: nobody holds it open
+    start = time.time()
+    result = subprocess.run([sys.executable, str(REPO / "training/step1_supervised_finetuning/main.py"),
+                             "--output_dir", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env={**subprocess_env(), **env, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                                              "MASTER_ADDR": "127.0.0.1"})
+    assert time.time() - start < 60
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"{lock} is left by a build of DeepSpeed's deepspeed_shm_comm op" in errors[0]
+    assert "remove that file" in errors[0]
+
+    # A build in progress (the lock held open by its process) is waited for, as before.
+    holder = subprocess.Popen([sys.executable, "-c", f"import time; f = open({str(lock)!r}); time.sleep(600)"])
+    try:
+        time.sleep(1)
+        check = run_python("from utils.runtime.dist import check_op_build_lock; "
+                           "check_op_build_lock('deepspeed_shm_comm'); print('waits')", env)
+        assert check.returncode == 0 and "waits" in check.stdout, check.stderr[-2000:]
+    finally:
+        holder.kill()
+        holder.wait()
