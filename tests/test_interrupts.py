@@ -3,7 +3,6 @@
 checkpoint being written when the signal comes is finished first; the output folder is left resumable (complete
 checkpoints only, the lock released); train.py passes the signal on to the step it runs and waits for it, so no
 step trains on as an orphan."""
-import os
 import signal
 import subprocess
 import sys
