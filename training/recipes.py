@@ -31,6 +31,13 @@ RECIPES = {
             "--num_warmup_steps", "0", "--lr_scheduler_type", "constant", "--num_train_epochs", "3",
             "--max_steps", "270",
             "--print_interval", "10"],
+        # Critic-free RL (flags after step 3's): 8 prompts x 8 answers = the same 64 rollouts a step as PPO, the KL
+        # as a loss term, 2 epochs; the README's "Beyond PPO" section has the measured runs.
+        "grpo": ["--per_device_generation_batch_size", "8", "--num_samples_per_prompt", "8", "--ppo_epochs", "2",
+                 "--use_kl_loss", "--kl_loss_coef", "0.2", "--eval_interval", "90"],
+        # DPO from the step-1 actor on step 2's pairs (batches, lengths and warm-up of the measured runs).
+        "dpo": ["--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "64", "--max_seq_len", "64",
+                "--num_warmup_steps", "10", "--print_interval", "50"],
     },
     "smollm2-135m": {
         # --dtype auto (utils.ds_utils.choose_dtype): bf16 where the CPU has native bf16, fp32 where it has not.
@@ -62,6 +69,8 @@ RECIPES = {
         # The closing evaluation: 400 prompts x (4 samples + greedy) x 2 actors would take ~10 min here; 200
         # prompts x (2 samples + greedy) in bf16 (AMX) take 3 (1 min per 100 prompts x 2 decodings x 2 actors).
         "eval": ["--num_prompts", "200", "--samples_per_prompt", "2", "--dtype", "auto"],
+        # Critic-free RL keeps step 3's 16 rollouts a round: 4 prompts x 4 answers.
+        "grpo": ["--per_device_generation_batch_size", "4", "--num_samples_per_prompt", "4"],
     },
     "default": {
         1: ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8", "--max_seq_len", "512",
@@ -79,6 +88,8 @@ RECIPES = {
             "--lr_scheduler_type", "cosine", "--gradient_accumulation_steps", "1",
             "--actor_gradient_checkpointing", "--critic_gradient_checkpointing", "--num_warmup_steps", "100",
             "--enable_hybrid_engine", "--num_padding_at_beginning", "1", "--actor_dropout", "0.0"],
+        # Critic-free RL: 4 answers to each of step 3's 4 prompts a round.
+        "grpo": ["--num_samples_per_prompt", "4"],
     },
 }
 
