@@ -36,7 +36,8 @@ def assert_resumable(out):
     assert not (out.parent / f".{out.name}.lock").exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.e2e), signal.SIGTERM],
+                         ids=["SIGINT", "SIGTERM"])
 def test_a_step_interrupted_ends_in_one_line_and_resumes(tmp_path, signum):
     out = tmp_path / "out"
     command = [sys.executable, str(STEP1), *STEP1_FLAGS, "--data_output_path", str(tmp_path / "data"),

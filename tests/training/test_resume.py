@@ -127,6 +127,7 @@ def test_step2_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
     check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
 
 
+@pytest.mark.e2e  # slow (~1 min each on a quiet 2-core CPU): run with -m e2e
 def test_dpo_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
     main = [sys.executable, str(DPO / "main.py"), *DPO_FLAGS, "--data_output_path", str(tmp_path / "data")]
     check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
@@ -150,6 +151,7 @@ CRITIC_FREE_FLAGS = [*STEP3_FLAGS, "--per_device_generation_batch_size", "2", "-
 LENGTH_REWARD = "def score(prompts, answers):\n    return [len(answer) % 3 for answer in answers]\n"
 
 
+@pytest.mark.e2e  # slow (~1 min each on a quiet 2-core CPU): run with -m e2e
 def test_step3_critic_free_killed_and_resumed_equals_an_uninterrupted_run(step3_model_dirs, tmp_path):
     from transformers import AutoModelForCausalLM
 
