@@ -20,17 +20,6 @@ def timed(fn, *args, **kwargs):
     return result, time.perf_counter() - start
 
 
-def repeat_rate(run, repeats, warmup=1):
-    """Rates of `repeats` runs after `warmup` untimed ones, as {unit: [per second, ...]}. `run()` does one unit of
-    work and returns ({unit: amount}, seconds), timing only the part that counts."""
-    for _ in range(warmup):
-        run()
-    rates = {}
-    for _ in range(repeats):
-        _append_rates(rates, *run())
-    return rates
-
-
 def paired_rates(ours, baseline, repeats, warmup=1):
     """Rates of `ours` and `baseline` (each `() -> ({unit: amount}, seconds)`) measured in alternation, and the
     ratio ours / baseline of each pair on the first unit, so a slow spell of the machine hits both sides of a

@@ -14,7 +14,7 @@ alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks 
      just before each run (the peaks of fp32 and bf16 are both reported);
   5. peak RSS of step 1 and step 3, and of step 1 at ZeRO 0/1/2/3 with one and two processes;
   6. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
-     process, by thread count and OpenMP wait policy, and with what utils.threads picks.
+     process, by thread count and OpenMP wait policy, and with what utils.runtime.threads picks.
 """
 import argparse
 import json

@@ -12,16 +12,15 @@ import torch
 
 from bench.models import model_path
 from utils.runtime.dist import assert_finite
-from utils.runtime.ds_utils import get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
+from utils.runtime.ds_utils import GRADIENT_CLIPPING, get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
 from utils.runtime.monitor import training_flops
 
 # The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model (the MFU target) on full
 # 256-token blocks of the built-in plain-text corpus. Both in the dtype `--dtype auto` picks on this machine (bf16
-# only where the hardware runs it natively: utils.ds_utils.choose_dtype).
+# only where the hardware runs it natively: utils.runtime.ds_utils.choose_dtype).
 CASES = {"tiny": {"dtype": "auto", "batch_size": 64, "seq_len": 64, "steps_per_run": 5},
          "llama-100m": {"dtype": "auto", "batch_size": 4, "seq_len": 256, "steps_per_run": 1}}
-GRADIENT_CLIPPING = 1.0  # utils.ds_utils.get_train_ds_config's default
-ADAM_BETAS = (0.9, 0.95)  # utils.ds_utils.create_optimizer's default
+ADAM_BETAS = (0.9, 0.95)  # utils.runtime.ds_utils.create_optimizer's default
 
 
 def step1_args(path, dtype, batch_size, seq_len, zero_stage=0):

@@ -1,7 +1,7 @@
 """Generating answers with a causal language model: loading it, formatting a conversation, batched sampling.
 
 One piece of code serves the chat CLI, the step-1 prompt evaluation and the step-3 comparison. Prompts are
-tokenized as training tokenizes them (`utils.data_utils.tokenize_prompt`: the tokenizer's own special tokens
+tokenized as training tokenizes them (`utils.data.data_utils.tokenize_prompt`: the tokenizer's own special tokens
 added), LEFT-padded with an attention mask so that every prompt of a batch ends at the same column and the
 new tokens of all of them start together; Hugging Face `generate` derives the positions from the mask.
 """
@@ -40,7 +40,7 @@ def load_causal_lm(path_or_name, dtype="fp32", trust_remote_code=False):
 
 
 def format_prompt(tokenizer, turns):
-    """The prompt text of a conversation (see `utils.prompting.format_turns`)."""
+    """The prompt text of a conversation (see `utils.data.prompting.format_turns`)."""
     return format_turns(tokenizer, turns)
 
 

@@ -15,7 +15,7 @@ instead:
   criteria or per-step input preparation beyond one column of mask and positions.
 
 Positions come from the attention mask (position = number of real tokens before it), so a left-padded row is
-computed as it would be alone, and as a training forward pass with `utils.model_utils.model_forward_kwargs`
+computed as it would be alone, and as a training forward pass with `utils.model.model_utils.model_forward_kwargs`
 computes it: the log-probabilities `sample` can return equal that pass's to float rounding.
 
 Under ZeRO-3 with more than one rank every forward pass gathers parameters from all ranks, so all ranks must run

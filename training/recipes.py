@@ -8,9 +8,9 @@ after these, so they win. An "eval" entry adds flags to the side-by-side evaluat
 
 RECIPES = {
     "tiny": {
-        # Measured with 1 thread per run, two runs at a time; held-out checker scores of the step-1 actor (4
-        # samples per prompt / greedy). Step 1: 2000 steps rather than 1200 (512-token tokenizer then): 0.684 /
-        # 0.899 -> 0.715 / 0.906.
+        # Measured with 1 thread per run, two runs at a time. Step 1: 2000 steps rather than 1200 raise the held-out
+        # checker score of the step-1 actor (4 samples per prompt / greedy) from 0.684 / 0.899 to 0.715 / 0.906
+        # (measured with an earlier tokenizer).
         1: ["--per_device_train_batch_size", "64", "--per_device_eval_batch_size", "64", "--max_seq_len", "64",
             "--learning_rate", "1e-3", "--num_warmup_steps", "50", "--num_train_epochs", "30",
             "--max_steps", "2000", "--lr_scheduler_type", "cosine", "--print_interval", "100"],
@@ -20,11 +20,10 @@ RECIPES = {
         2: ["--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "64", "--max_seq_len", "64",
             "--learning_rate", "3e-4", "--num_warmup_steps", "20", "--num_train_epochs", "8",
             "--max_steps", "3200", "--eval_interval", "800", "--print_interval", "100"],
-        # kl_coef 0.2 (held-out sampled gain of the step-3 actor): with the digit-splitting 512-token tokenizer
-        # +0.095 / +0.086 (two seeds) at 0.2 against +0.083 at 0.3; with the 340-token one and this step 2,
-        # +0.121 at 0.2 against +0.105 at 0.3 (greedy 0.953 -> 0.950 and -> 0.963). Below 0.2 (earlier tokenizer)
-        # PPO turned unseen sums and words into confident near misses the reward model could not tell from the
-        # right answer (0.05: no gain at all).
+        # kl_coef 0.2: held-out sampled gain of the step-3 actor +0.121 at 0.2 against +0.105 at 0.3 (greedy
+        # 0.953 -> 0.950 and -> 0.963). Below 0.2 PPO turned unseen sums and words into confident near misses the
+        # reward model could not tell from the right answer (0.05: no gain at all; measured with an earlier
+        # tokenizer, as +0.095 / +0.086 at 0.2 against +0.083 at 0.3).
         3: ["--per_device_generation_batch_size", "64", "--per_device_training_batch_size", "32",
             "--ppo_epochs", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "12",
             "--actor_learning_rate", "3e-5", "--critic_learning_rate", "1e-4", "--kl_coef", "0.2",
@@ -40,7 +39,7 @@ RECIPES = {
                 "--num_warmup_steps", "10", "--print_interval", "50"],
     },
     "smollm2-135m": {
-        # --dtype auto (utils.ds_utils.choose_dtype): bf16 where the CPU has native bf16, fp32 where it has not.
+        # --dtype auto (utils.runtime.ds_utils.choose_dtype): bf16 where the CPU has native bf16, else fp32.
         # Measured on a shared 2-core CPU with AMX (load 4-7): bf16 trains 2-2.5x faster than fp32 at the same
         # losses (step 3: 61 s vs 130 s for 4 rounds) and its fused LoRA saves without loss (fp32 perplexity of
         # the saved step-1 model 7.0); on a 2-core AVX2-only AMD EPYC bf16 ran ~15x slower than fp32 (step 1 of

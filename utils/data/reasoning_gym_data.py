@@ -30,7 +30,7 @@ polynomial_multiplication, ransom_note, word_ladder): set PYTHONHASHSEED=0 for t
 process. The parts still never overlap, since a question's part depends on its text only.
 
 Prompts are DeepSpeed-Chat's text form with the question as the user turn, followed by `INSTRUCTION` (a model
-with a chat template gets it through its template: utils.prompting.model_prompt). The chosen answer is the
+with a chat template gets it through its template: utils.data.prompting.model_prompt). The chosen answer is the
 task's reference answer; the rejected one another question's reference answer, or a perturbed reference answer
 (see `_rejected_answer`); a pair is left out when the verifier scores no candidate lower (reasoning-gym 0.1.25's
 game_of_life_halting scores any non-empty answer 1). Tasks without a reference answer (their `answer` is None:

@@ -23,7 +23,7 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 
 
 class RewardModel(nn.Module):
-    always_trainable = ("v_head.",)  # trained even under --only_optimize_lora (see utils.lora)
+    always_trainable = ("v_head.",)  # trained even under --only_optimize_lora (see utils.model.lora)
 
     def __init__(self, backbone, num_padding_at_beginning=0, base_model_name=None):
         super().__init__()

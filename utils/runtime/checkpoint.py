@@ -346,7 +346,7 @@ class Checkpointer:
     engines   {name: DeepSpeed engine} trained with an optimizer: saved with `engine.save_checkpoint`
     weights   {name: DeepSpeed engine} without an optimizer (step 3's EMA): its weights as safetensors
     position  the run's TrainingPosition
-    flags     the flags that shape training (utils.args.training_flags): recorded with each checkpoint, and a
+    flags     the flags that shape training (utils.runtime.args.training_flags): recorded with each checkpoint, and a
               resume with other ones is refused, naming each difference
 
     Every rank must call `save_if_due`, `save` and `resume` (they gather, and wait for each other).

@@ -132,11 +132,6 @@ def all_reduce_mean(value):
     return all_reduce_sum(value) / torch.distributed.get_world_size()
 
 
-def threads_per_process(num_processes):
-    """The OMP thread count that keeps `num_processes` from oversubscribing this machine's cores."""
-    return max(1, (os.cpu_count() or 1) // max(1, num_processes))
-
-
 def quiet_transformers():
     """Silence transformers' per-load progress bars and advisory warnings; errors still show."""
     import transformers

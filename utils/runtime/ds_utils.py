@@ -5,6 +5,7 @@ from utils.runtime.errors import ConfigError
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 LORA_PARAMETER_NAMES = ("lora_right_weight", "lora_left_weight")
+GRADIENT_CLIPPING = 1.0  # max global gradient norm of every trained model (DeepSpeed-Chat's)
 
 
 NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -77,8 +78,7 @@ def torch_dtype(dtype):
 
 def get_train_ds_config(*, micro_batch_size, gradient_accumulation_steps, world_size, dtype, stage, offload=False,
                         enable_hybrid_engine=False, inference_tp_size=1, release_inference_cache=False,
-                        pin_parameters=True, tp_gather_partition_size=8, max_out_tokens=512,
-                        enable_tensorboard=False, tb_path="", tb_name="", gradient_clipping=1.0):
+                        pin_parameters=True, tp_gather_partition_size=8, max_out_tokens=512):
     """The DeepSpeed config of a trained model (DeepSpeed-Chat's `get_train_ds_config`, with batch sizes set)."""
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"--zero_stage must be 0, 1, 2 or 3, not {stage}")
@@ -105,7 +105,7 @@ def get_train_ds_config(*, micro_batch_size, gradient_accumulation_steps, world_
         "train_batch_size": micro_batch_size * gradient_accumulation_steps * world_size,
         "steps_per_print": 10 ** 9,
         "zero_optimization": zero,
-        "gradient_clipping": gradient_clipping,
+        "gradient_clipping": GRADIENT_CLIPPING,
         "prescale_gradients": False,
         "wall_clock_breakdown": False,
         "hybrid_engine": {
@@ -115,11 +115,6 @@ def get_train_ds_config(*, micro_batch_size, gradient_accumulation_steps, world_
             "release_inference_cache": release_inference_cache,
             "pin_parameters": pin_parameters,
             "tp_gather_partition_size": tp_gather_partition_size,
-        },
-        "tensorboard": {
-            "enabled": enable_tensorboard,
-            "output_path": f"{tb_path}/ds_tensorboard_logs/",
-            "job_name": f"{tb_name}_tensorboard",
         },
     }
     config.update(_precision_config(dtype))
