@@ -105,8 +105,9 @@ def measure_peaks(args):
     """FLOP/s of a matmul in fp32 and in bf16 on their own, and the matrix size of each (`matmul_size`: smaller
     where the CPU has no kernels for the dtype); the MFU divides by the one measured just before each run."""
     from bench.measure import matmul_size, peak_matmul_flops
+    from utils.runtime.ds_utils import TORCH_DTYPES
 
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    dtypes = {name: TORCH_DTYPES[name] for name in ("fp32", "bf16")}
     return ({name: peak_matmul_flops(dtype, repeats=args.repeats) for name, dtype in dtypes.items()},
             {name: matmul_size(dtype) for name, dtype in dtypes.items()})
 

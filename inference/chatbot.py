@@ -48,12 +48,13 @@ class ChatBot:
 
     def build_prompt(self, user):
         """The prompt for `user`'s turn after the history: as many recent turns as fit the context."""
-        from inference.generation import format_prompt, max_prompt_tokens, tokenize_prompts
+        from inference.generation import max_prompt_tokens, tokenize_prompts
+        from utils.data.prompting import format_turns
 
         limit = max_prompt_tokens(self.model, self.decoding["max_new_tokens"])
         history = self.conversation.turns
         for first in range(len(history) + 1):
-            prompt = format_prompt(self.tokenizer, history[first:] + [(user, None)])
+            prompt = format_turns(self.tokenizer, history[first:] + [(user, None)])
             if limit is None or len(tokenize_prompts(self.tokenizer, [prompt])[0]) <= limit:
                 return prompt
         return prompt  # the turn alone is too long: generate names the problem

@@ -7,11 +7,12 @@ new tokens of all of them start together; Hugging Face `generate` derives the po
 """
 import torch
 
-from utils.data.prompting import encode_prompt_text, format_turns
-from utils.model.model_utils import is_reward_model_folder, load_pretrained, load_tokenizer, resolve_model_path
+from utils.data.data_utils import attention_mask_left, pad_left
+from utils.data.prompting import encode_prompt_text
+from utils.model.model_utils import check_model_kind, load_pretrained, load_tokenizer, resolve_model_path
+from utils.runtime.ds_utils import TORCH_DTYPES
 from utils.runtime.errors import ChatRLHFError, ConfigError
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 NEUTRAL_PROCESSORS = dict(num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
 NEUTRAL_SAMPLING = dict(top_k=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
@@ -30,18 +31,11 @@ def load_causal_lm(path_or_name, dtype="fp32", trust_remote_code=False):
     if dtype not in TORCH_DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
     path = resolve_model_path(path_or_name)
-    if is_reward_model_folder(path):
-        raise ConfigError(f"{path_or_name} is a reward model (step 2 output), not a causal language model; "
-                          "pass a step-1 or step-3 actor folder or a base model")
+    check_model_kind(path, reward=False, name=path_or_name)
     tokenizer = load_tokenizer(path, trust_remote_code, padding_side="left")
     model = load_pretrained(AutoModelForCausalLM, path, dtype=TORCH_DTYPES[dtype], trust_remote_code=trust_remote_code)
     model.eval()
     return model, tokenizer
-
-
-def format_prompt(tokenizer, turns):
-    """The prompt text of a conversation (see `utils.data.prompting.format_turns`)."""
-    return format_turns(tokenizer, turns)
 
 
 def context_length(model):
@@ -134,23 +128,13 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
             torch.manual_seed(seed)
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
-            input_ids, attention_mask = _left_pad([token_ids[i] for i in batch], tokenizer.pad_token_id)
+            rows = [token_ids[i] for i in batch]
+            input_ids, attention_mask = pad_left(rows, tokenizer.pad_token_id), attention_mask_left(rows)
             output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                     generation_config=config)
             for i, new_tokens in zip(batch, output[:, input_ids.shape[1]:].tolist()):
                 answers[i] = tokenizer.decode(_cut_at_eos(new_tokens, eos_ids), skip_special_tokens=True)
     return answers
-
-
-def _left_pad(sequences, pad_id):
-    """(input_ids, attention_mask) with every sequence right-aligned: pads (mask 0) on the left."""
-    length = max(len(ids) for ids in sequences)
-    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
-    for row, ids in enumerate(sequences):
-        input_ids[row, length - len(ids):] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, length - len(ids):] = 1
-    return input_ids, attention_mask
 
 
 def _cut_at_eos(tokens, eos_ids):

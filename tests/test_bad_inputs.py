@@ -180,7 +180,7 @@ CASES = [
          ("--actor_model_name_or_path {critic} is a reward model (step 2 output)",)),
     Case("step3 actor as the critic", "step3",
          [*STEP3, "--actor_model_name_or_path", "{actor}", "--critic_model_name_or_path", "{actor}"],
-         ("--critic_model_name_or_path {actor} is not a reward model folder",)),
+         ("--critic_model_name_or_path {actor} is not a reward model",)),
     # step 3: data and flags
     Case("step3 every prompt longer than --max_prompt_seq_len", "step3",
          [*STEP3, *MODELS, "--data_path", "{tmp}/good", "--max_prompt_seq_len", "4"],

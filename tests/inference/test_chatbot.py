@@ -8,8 +8,9 @@ import pytest
 
 from inference import chatbot
 from inference.chatbot import ChatBot
-from inference.generation import format_prompt, generate, max_prompt_tokens, tokenize_prompts
+from inference.generation import generate, max_prompt_tokens, tokenize_prompts
 from utils.builtin import task
+from utils.data.prompting import format_turns
 
 REPO = Path(__file__).resolve().parents[2]
 Q1, Q2, Q3 = "What is 3 + 4?", 'Reverse the word "cat".', "What is the capital of France?"
@@ -80,7 +81,7 @@ def test_prompt_mode_prints_the_answer_and_exits_0(tiny):
     result = run_chat("--path", "tiny", "--prompt", Q1, "--greedy", "--max_new_tokens", "8")
     assert result.returncode == 0, result.stderr
     model, tokenizer = tiny
-    expected = generate(model, tokenizer, [format_prompt(tokenizer, [(Q1, None)])], max_new_tokens=8, greedy=True)
+    expected = generate(model, tokenizer, [format_turns(tokenizer, [(Q1, None)])], max_new_tokens=8, greedy=True)
     assert result.stdout == chatbot.one_line(ChatBot(*tiny).clean_answer(expected[0])) + "\n"
 
 

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from inference.generation import format_prompt, generate, load_causal_lm, max_prompt_tokens, tokenize_prompts
+from inference.generation import generate, load_causal_lm, max_prompt_tokens, tokenize_prompts
 from utils.builtin import task
+from utils.data.prompting import format_turns
 from utils.model.model_utils import REWARD_MODEL_KEY, load_tokenizer, resolve_model_path
 from utils.runtime.errors import ChatRLHFError, ConfigError
 
@@ -23,17 +24,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------
-# format_prompt
+# format_turns (utils/data/prompting.py), as the chat and generation use it
 # ---------------------------------------------------------------------------------------------------------
 
 
 def test_format_prompt_without_chat_template_is_deepspeed_chat_format(tiny):
     _, tokenizer = tiny
     assert not tokenizer.chat_template
-    assert format_prompt(tokenizer, [("What is 7 + 12?", None)]) == task.format_prompt("What is 7 + 12?")
-    assert format_prompt(tokenizer, [("What is 7 + 12?", None)]) == " Human: What is 7 + 12? Assistant:"
+    assert format_turns(tokenizer, [("What is 7 + 12?", None)]) == task.format_prompt("What is 7 + 12?")
+    assert format_turns(tokenizer, [("What is 7 + 12?", None)]) == " Human: What is 7 + 12? Assistant:"
     turns = [("q1", "a1"), ("q2", "a2"), ("q3", None)]
-    assert format_prompt(tokenizer, turns) == " Human: q1 Assistant: a1 Human: q2 Assistant: a2 Human: q3 Assistant:"
+    assert format_turns(tokenizer, turns) == " Human: q1 Assistant: a1 Human: q2 Assistant: a2 Human: q3 Assistant:"
 
 
 def test_format_prompt_with_chat_template_uses_it():
@@ -41,15 +42,15 @@ def test_format_prompt_with_chat_template_uses_it():
     tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     expected = "<|user|>q1\n<|assistant|>a1\n<|user|>q2\n<|assistant|>"
-    assert format_prompt(tokenizer, [("q1", "a1"), ("q2", None)]) == expected
+    assert format_turns(tokenizer, [("q1", "a1"), ("q2", None)]) == expected
 
 
 def test_format_prompt_needs_the_last_turn_unanswered(tiny):
     _, tokenizer = tiny
     with pytest.raises(ValueError):
-        format_prompt(tokenizer, [("q1", "a1")])
+        format_turns(tokenizer, [("q1", "a1")])
     with pytest.raises(ValueError):
-        format_prompt(tokenizer, [("q1", None), ("q2", None)])
+        format_turns(tokenizer, [("q1", None), ("q2", None)])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -19,31 +19,19 @@ import torch
 from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
 from utils.model.model_utils import count_parameters, create_hf_model, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
-from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
-                                add_logging_args, add_lora_args, add_model_args, add_training_args, check_common_args,
-                                training_flags)
+from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, training_flags
 from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
                                   write_metrics)
-from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.errors import cli_entry
 from utils.runtime.monitor import Monitor, Throughput, format_scalars
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_data_args(parser)
-    add_model_args(parser)
-    add_training_args(parser)
-    add_deepspeed_args(parser)
-    add_lora_args(parser)
-    add_logging_args(parser)
-    add_checkpoint_args(parser)
-    args = parser.parse_args(argv)
-    check_common_args(args)
-    if not args.output_dir:
-        raise ConfigError("--output_dir is required")
-    return args
+    add_step_args(parser)
+    return parse_step_args(parser, argv)
 
 
 def evaluate_perplexity(engine, eval_loader, device):

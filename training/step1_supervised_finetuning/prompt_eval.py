@@ -19,7 +19,7 @@ import json
 
 from inference.evaluation import (evaluate_models, format_score_table, format_side_by_side, heldout_set,
                                   read_prompts_file)
-from utils.model.model_utils import is_reward_model_folder, resolve_model_path
+from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.runtime.args import ArgumentParser, check_output_file
 from utils.runtime.errors import ConfigError, cli_entry
 
@@ -73,9 +73,7 @@ def main(argv=None):
     args = parse_args(argv)
     models = {"baseline": args.model_name_or_path_baseline, "finetune": args.model_name_or_path_finetune}
     for name, path in models.items():  # a wrong folder fails at once, not after the first model's answers
-        if is_reward_model_folder(resolve_model_path(path)):
-            raise ConfigError(f"--model_name_or_path_{name} {path} is a reward model (step 2 output), not a causal "
-                              "language model; pass a step-1 or step-3 actor folder or a base model")
+        check_model_kind(resolve_model_path(path), reward=False, name=f"--model_name_or_path_{name} {path}")
     if args.prompts_file:
         prompts, checker = read_prompts_file(args.prompts_file), None
     else:

@@ -35,9 +35,7 @@ from utils.model.save import save_hf_model
 from utils.rl.frozen import frozen_causal_lm, frozen_ds_config
 from utils.rl.losses import PREFERENCE_LOSS_TYPES, preference_loss
 from utils.rl.tokens import sequence_logprobs
-from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
-                                add_eval_interval_args, add_logging_args, add_lora_args, add_model_args,
-                                add_training_args, check_common_args, training_flags)
+from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, training_flags
 from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
@@ -49,18 +47,14 @@ from utils.runtime.monitor import Monitor, Throughput, format_scalars
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_data_args(parser)
-    model = add_model_args(parser)
+    groups = add_step_args(parser, default_lr=1e-4, eval_interval=True)
+    model = groups["model"]
     model.add_argument("--ref_model_name_or_path", type=str, default=None,
                        help="The frozen reference (default: --model_name_or_path, the weights training starts from).")
     parser.set_defaults(dropout=0.0)  # policy and reference must compute the same function at step 0
-    add_training_args(parser, default_lr=1e-4)
-    deepspeed = add_deepspeed_args(parser)
+    deepspeed = groups["deepspeed"]
     deepspeed.add_argument("--offload_reference_model", action="store_true",
                            help="Hold the reference's parameters on the CPU (ZeRO-3 offload).")
-    add_lora_args(parser)
-    add_eval_interval_args(add_logging_args(parser))
-    add_checkpoint_args(parser)
     dpo = parser.add_argument_group("preference loss")
     dpo.add_argument("--loss_type", type=str, default="sigmoid", choices=PREFERENCE_LOSS_TYPES,
                      help="sigmoid: DPO; ipo: IPO's squared loss; simpo: SimPO (reference-free).")
@@ -73,12 +67,7 @@ def parse_args(argv=None):
     dpo.add_argument("--precompute_ref_logps", action="store_true",
                      help="Compute the reference's log-probs of every train and eval pair once before training, "
                           "then free the reference.")
-    args = parser.parse_args(argv)
-    check_common_args(args)
-    check_dpo_args(args)
-    if not args.output_dir:
-        raise ConfigError("--output_dir is required")
-    return args
+    return parse_step_args(parser, argv, check=check_dpo_args)
 
 
 def check_dpo_args(args):

@@ -21,35 +21,24 @@ from utils.data.data_utils import DataCollatorReward, create_prompt_dataset, mak
 from utils.model.model_utils import count_parameters, load_tokenizer, resolve_model_path
 from utils.model.reward_model import RewardModel
 from utils.model.save import save_hf_model
-from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
-                                add_eval_interval_args, add_logging_args, add_lora_args, add_model_args,
-                                add_training_args, check_common_args, training_flags)
+from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, training_flags
 from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
                                   write_metrics)
-from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.errors import cli_entry
 from utils.runtime.loop import train_loop
 from utils.runtime.monitor import Monitor, Throughput, format_scalars
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_data_args(parser)
-    model = add_model_args(parser)
+    groups = add_step_args(parser, default_lr=3e-4, eval_interval=True)
+    model = groups["model"]
     model.add_argument("--num_padding_at_beginning", type=int, default=0,
                        help="DeepSpeed-Chat's flag for OPT-style tokenizers, recorded in the saved config. The "
                             "end score is found from the attention mask, so padding never moves it.")
-    add_training_args(parser, default_lr=3e-4)
-    add_deepspeed_args(parser)
-    add_lora_args(parser)
-    add_eval_interval_args(add_logging_args(parser))
-    add_checkpoint_args(parser)
-    args = parser.parse_args(argv)
-    check_common_args(args)
-    if not args.output_dir:
-        raise ConfigError("--output_dir is required")
-    return args
+    return parse_step_args(parser, argv)
 
 
 def evaluate_reward(engine, eval_loader, device, eval_iters=0):

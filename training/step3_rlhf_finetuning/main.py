@@ -28,7 +28,7 @@ from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, mean_stats
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
                                    create_unsupervised_dataset, make_dataloader)
-from utils.model.model_utils import is_reward_model_folder, load_tokenizer, resolve_model_path
+from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.rl.reward_fns import load_reward_fn
 from utils.runtime.args import training_flags
@@ -43,14 +43,11 @@ from utils.runtime.monitor import Monitor, format_scalars
 def resolve_step_models(args):
     """The actor must be a causal LM (step 1 output) and the critic, if given, a reward model (step 2 output)."""
     actor_path = resolve_model_path(args.actor_model_name_or_path)
-    if is_reward_model_folder(actor_path):
-        raise ConfigError(f"--actor_model_name_or_path {actor_path} is a reward model (step 2 output); pass the "
-                          "step-1 actor")
+    check_model_kind(actor_path, reward=False, name=f"--actor_model_name_or_path {actor_path}")
     if not args.critic_model_name_or_path:
         return actor_path, None
     critic_path = resolve_model_path(args.critic_model_name_or_path)
-    if not is_reward_model_folder(critic_path):
-        raise ConfigError(f"--critic_model_name_or_path {critic_path} is not a reward model folder (step 2 output)")
+    check_model_kind(critic_path, reward=True, name=f"--critic_model_name_or_path {critic_path}")
     return actor_path, critic_path
 
 

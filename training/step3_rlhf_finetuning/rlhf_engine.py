@@ -77,14 +77,7 @@ class DeepSpeedRLHFEngine:
         ds_config = self._train_config(args.actor_zero_stage, args.offload, args.enable_hybrid_engine)
         model = create_hf_model(AutoModelForCausalLM, path, self.tokenizer, ds_config, args.actor_dropout,
                                 args.trust_remote_code)
-        prepare_trainable(model, lora_dim=args.actor_lora_dim, lora_module_name=args.actor_lora_module_name,
-                          only_optimize_lora=args.only_optimize_lora,
-                          gradient_checkpointing=args.actor_gradient_checkpointing)
-        engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.actor_learning_rate,
-                                   weight_decay=args.actor_weight_decay,
-                                   lora_learning_rate=args.actor_lora_learning_rate, offload=args.offload,
-                                   lr_scheduler_type=args.lr_scheduler_type, num_warmup_steps=args.num_warmup_steps,
-                                   num_training_steps=self.actor_steps)
+        engine = self._train_engine(model, ds_config, "actor", self.actor_steps)
         print_rank_0(f"actor: {type(engine).__name__}, ZeRO-{args.actor_zero_stage}")
         return engine
 
@@ -100,16 +93,24 @@ class DeepSpeedRLHFEngine:
         ds_config = self._train_config(args.critic_zero_stage, args.offload)
         model = RewardModel.from_pretrained(path, self.tokenizer, ds_config, args.critic_dropout,
                                             args.num_padding_at_beginning, args.trust_remote_code)
-        prepare_trainable(model, lora_dim=args.critic_lora_dim, lora_module_name=args.critic_lora_module_name,
-                          only_optimize_lora=args.only_optimize_lora,
-                          gradient_checkpointing=args.critic_gradient_checkpointing)
-        engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.critic_learning_rate,
-                                   weight_decay=args.critic_weight_decay,
-                                   lora_learning_rate=args.critic_lora_learning_rate, offload=args.offload,
-                                   lr_scheduler_type=args.lr_scheduler_type, num_warmup_steps=args.num_warmup_steps,
-                                   num_training_steps=self.critic_steps)
+        engine = self._train_engine(model, ds_config, "critic", self.critic_steps)
         print_rank_0(f"critic: ZeRO-{args.critic_zero_stage}")
         return engine
+
+    def _train_engine(self, model, ds_config, role, num_training_steps):
+        """The DeepSpeed engine of a trained model, `role` "actor" or "critic" naming its --<role>_* flags."""
+        args = self.args
+
+        def flag(name):
+            return getattr(args, f"{role}_{name}")
+
+        prepare_trainable(model, lora_dim=flag("lora_dim"), lora_module_name=flag("lora_module_name"),
+                          only_optimize_lora=args.only_optimize_lora,
+                          gradient_checkpointing=flag("gradient_checkpointing"))
+        return init_train_engine(model, ds_config=ds_config, learning_rate=flag("learning_rate"),
+                                 weight_decay=flag("weight_decay"), lora_learning_rate=flag("lora_learning_rate"),
+                                 offload=args.offload, lr_scheduler_type=args.lr_scheduler_type,
+                                 num_warmup_steps=args.num_warmup_steps, num_training_steps=num_training_steps)
 
     def _init_reward(self, path):
         args = self.args

@@ -27,10 +27,12 @@ import random
 import re
 import shutil
 import string
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Iterator
+
+from utils.data.prompting import text_prompt as format_prompt  # a question in DeepSpeed-Chat's text form
+from utils.runtime.paths import make_temp_dir_beside
 
 TASK_VERSION = 2
 """Bump when the generated data changes for a given seed; it is recorded in meta.json."""
@@ -92,11 +94,6 @@ FILE_NAMES = ("train.json", "eval.json", "heldout.json", "unsup.txt", "meta.json
 # ----------------------------------------------------------------------------------------------------------
 # Prompts and the fixed held-out split
 # ----------------------------------------------------------------------------------------------------------
-
-
-def format_prompt(question: str) -> str:
-    """Wrap a question in DeepSpeed-Chat's prompt format: `" Human: <question> Assistant:"`."""
-    return f" Human: {question} Assistant:"
 
 
 def add_question(a: int, b: int) -> str:
@@ -591,7 +588,7 @@ def write_builtin_data(
     if _can_reuse(out_dir, meta):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp_dir = make_temp_dir_beside(out_dir)
     try:
         _write_all(tmp_dir, seed, num_train, num_eval, num_heldout, num_unsup)
         try:

@@ -16,6 +16,7 @@ import torch
 from utils.data.prompting import encode_prompt_text, model_answer, model_prompt
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
+from utils.runtime.paths import write_file_atomic
 
 IGNORE_INDEX = -100
 PHASES = (1, 2, 3)
@@ -64,9 +65,7 @@ def split_part_indices(output_path, dataset_name, seed, split_name, data_split, 
         # A cache made for a data set of another size under the same name: rebuild it.
     indices = shuffled_indices(seed, data_size)[start:end]
     os.makedirs(output_path, exist_ok=True)
-    tmp_file = f"{cache_file}.{os.getpid()}.tmp.npy"
-    np.save(tmp_file, indices, allow_pickle=False)
-    os.replace(tmp_file, cache_file)
+    write_file_atomic(cache_file, lambda f: np.save(f, indices, allow_pickle=False), mode="wb")
     return indices
 
 
@@ -212,6 +211,10 @@ def attention_mask_right(sequences, length=None):
     return pad_right([[1] * len(seq) for seq in sequences], 0, length)
 
 
+def attention_mask_left(sequences, length=None):
+    return pad_left([[1] * len(seq) for seq in sequences], 0, length)
+
+
 @dataclass
 class DataCollatorSFT:
     """Right-pads a batch to its longest sequence; padding is masked out of attention and labels."""
@@ -269,7 +272,7 @@ class DataCollatorRLHF:
     def __call__(self, samples):
         prompts = [s["prompt_ids"] for s in samples]
         return {"prompt": pad_left(prompts, self.pad_token_id),
-                "prompt_att_mask": pad_left([[1] * len(p) for p in prompts], 0),
+                "prompt_att_mask": attention_mask_left(prompts),
                 "prompt_text": [s.get("prompt") for s in samples]}
 
 

@@ -7,9 +7,12 @@ without a template gets the text form as it is.
 """
 import re
 
-from utils.builtin.task import format_prompt as format_task_prompt
-
 _SPEAKER = re.compile(r"(?:^|\s)(Human|Assistant):")
+
+
+def text_prompt(user):
+    """One user turn in DeepSpeed-Chat's text form: `" Human: <user> Assistant:"`."""
+    return f" Human: {user} Assistant:"
 
 
 def has_chat_template(tokenizer):
@@ -53,7 +56,7 @@ def format_turns(tokenizer, turns):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     parts = []
     for user, assistant in turns:
-        parts.append(format_task_prompt(user))
+        parts.append(text_prompt(user))
         if assistant is not None:
             parts.append(" " + assistant)
     return "".join(parts)

@@ -54,6 +54,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from utils.data.prompting import text_prompt
 from utils.runtime.paths import cache_dir
 
 __all__ = [
@@ -283,11 +284,8 @@ class HubDataset(RawDataset):
         return self.raw[self.train_split].select(self._train_eval_indices()[1], keep_in_memory=True)
 
 
-class DahoasRmStatic(HubDataset):
-    """prompt/response/chosen/rejected, already formatted ("\\n\\nHuman: ... Assistant:", " answer")."""
-
-    name = "Dahoas/rm-static"
-    clean_name = "Dahoas_rm_static"
+class FieldsAsWritten:
+    """A data set whose rows hold the `prompt`, `chosen` and `rejected` texts already formatted."""
 
     def get_prompt(self, sample):
         return self._text(sample, "prompt")
@@ -297,6 +295,13 @@ class DahoasRmStatic(HubDataset):
 
     def get_rejected(self, sample):
         return self._text(sample, "rejected")
+
+
+class DahoasRmStatic(FieldsAsWritten, HubDataset):
+    """prompt/response/chosen/rejected, already formatted ("\\n\\nHuman: ... Assistant:", " answer")."""
+
+    name = "Dahoas/rm-static"
+    clean_name = "Dahoas_rm_static"
 
 
 class DahoasFullHHRLHF(DahoasRmStatic):
@@ -312,7 +317,7 @@ class DahoasSyntheticInstructGPTJPairwise(HubDataset):
     eval_split = None
 
     def get_prompt(self, sample):
-        return " Human: " + self._text(sample, "prompt") + " Assistant:"
+        return text_prompt(self._text(sample, "prompt"))
 
     def get_chosen(self, sample):
         return " " + self._text(sample, "chosen")
@@ -398,7 +403,7 @@ class OpenAIWebGPTComparisons(HubDataset):
         text = question.get("full_text")
         if not isinstance(text, str):
             raise DataError(f"{self.name}: field 'question.full_text' is missing or not a string")
-        return " Human: " + text + " Assistant:"
+        return text_prompt(text)
 
     def get_chosen(self, sample):
         return self._answer(sample, better=True)
@@ -424,7 +429,7 @@ class StanfordNLPSHP(HubDataset):
         return label
 
     def get_prompt(self, sample):
-        return " Human: " + self._text(sample, "history") + " Assistant:"
+        return text_prompt(self._text(sample, "history"))
 
     def get_chosen(self, sample):
         return " " + self._text(sample, "human_ref_A" if self._label(sample) == 1 else "human_ref_B")
@@ -454,7 +459,7 @@ def _split_file(directory: Path, stem: str) -> Path:
     return present[0]
 
 
-class LocalJsonFile(RawDataset):
+class LocalJsonFile(FieldsAsWritten, RawDataset):
     """Local prompt/chosen/rejected rows, used verbatim (see the module docstring for the format).
 
     `path` is a directory holding train.json and eval.json (either may be .jsonl instead),
@@ -494,15 +499,6 @@ class LocalJsonFile(RawDataset):
 
     def get_eval_data(self):
         return self._eval
-
-    def get_prompt(self, sample):
-        return self._text(sample, "prompt")
-
-    def get_chosen(self, sample):
-        return self._text(sample, "chosen")
-
-    def get_rejected(self, sample):
-        return self._text(sample, "rejected")
 
 
 # --------------------------------------------------------------------------- builtin

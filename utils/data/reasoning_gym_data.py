@@ -55,7 +55,7 @@ from urllib.parse import unquote
 
 import datasets
 
-from utils.builtin.task import format_prompt
+from utils.data.prompting import text_prompt
 from utils.data.prompting import parse_dialogue
 from utils.data.raw_datasets import RawDataset
 from utils.runtime.errors import ConfigError, DataError
@@ -283,7 +283,7 @@ class Item:
 
     @property
     def prompt(self) -> str:
-        return format_prompt(self.user_text)
+        return text_prompt(self.user_text)
 
     def score(self, answer: str) -> float:
         """The task's `score_answer` of a model's answer, clamped to [0, 1].

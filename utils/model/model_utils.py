@@ -60,6 +60,19 @@ def is_reward_model_folder(path):
     return config.is_file() and REWARD_MODEL_KEY in read_model_config(path)
 
 
+def check_model_kind(path, *, reward, name):
+    """Refuse the model folder `path` if it is of the wrong kind: reward=True wants a step-2 reward-model folder,
+    reward=False a causal language model (a reward model has no language-model head). `name` is how the error
+    names it: the flag and the value the user gave."""
+    if is_reward_model_folder(path) == reward:
+        return
+    if reward:
+        raise ConfigError(f"{name} is not a reward model (its config.json has no '{REWARD_MODEL_KEY}' entry); pass "
+                          "a step-2 output folder")
+    raise ConfigError(f"{name} is a reward model (step 2 output), not a causal language model; pass a step-1 or "
+                      "step-3 actor folder or a base model")
+
+
 def one_line_error(err):
     """`Type: first line of the message` of an exception raised by a library reading a user's file."""
     lines = str(err).strip().splitlines()
@@ -100,9 +113,8 @@ def create_hf_model(model_class, path, tokenizer, ds_config=None, dropout=None, 
     import torch
     from transformers import AutoConfig
 
-    if is_reward_model_folder(path) and model_class.__name__ == "AutoModelForCausalLM":
-        raise ConfigError(f"{path} is a reward model (step 2 output), not a causal language model; pass the "
-                          "step-1 actor or a base model")
+    if model_class.__name__ == "AutoModelForCausalLM":
+        check_model_kind(path, reward=False, name=path)
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as err:

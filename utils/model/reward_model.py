@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from utils.data.data_utils import attention_mask_right, pad_right, tokenize_answer, tokenize_prompt
-from utils.model.model_utils import (REWARD_MODEL_KEY, create_hf_model, is_reward_model_folder, load_tokenizer,
-                                     model_forward_kwargs, one_line_error, resolve_model_path)
+from utils.model.model_utils import (REWARD_MODEL_KEY, check_model_kind, create_hf_model, is_reward_model_folder,
+                                     load_tokenizer, model_forward_kwargs, one_line_error, resolve_model_path)
 from utils.model.save import load_safetensors, save_safetensors
 from utils.rl.losses import pairwise_loss
 from utils.rl.tokens import last_token_index
@@ -95,9 +95,7 @@ class RewardModel(nn.Module):
 def load_reward_model(name_or_path, trust_remote_code=False):
     """(model, tokenizer) of a step-2 output folder, the model in eval mode; any other folder is refused."""
     path = resolve_model_path(name_or_path)
-    if not is_reward_model_folder(path):
-        raise ConfigError(f"{name_or_path} is not a reward model (its config.json has no '{REWARD_MODEL_KEY}' "
-                          "entry); pass a step-2 output folder")
+    check_model_kind(path, reward=True, name=name_or_path)
     tokenizer = load_tokenizer(path, trust_remote_code)
     model = RewardModel.from_pretrained(path, tokenizer, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer

@@ -7,7 +7,7 @@ from pathlib import Path
 from utils.model.lora import fuse_lora_state_dict, has_lora
 from utils.runtime.dist import barrier, is_rank_0
 from utils.runtime.errors import interrupts_deferred
-from utils.runtime.paths import honour_umask, make_temp_dir_beside
+from utils.runtime.paths import honour_umask, make_temp_dir_beside, replace_dir
 
 # Files that belong to a saved model; anything else in an output folder (training.log, TensorBoard runs,
 # checkpoints) is the run's and survives a new save.
@@ -84,13 +84,7 @@ class atomic_dir:
             for entry in self.target.iterdir():
                 if not _is_model_file(entry.name) and not (self.tmp / entry.name).exists():
                     os.replace(entry, self.tmp / entry.name)
-            old = self.target.with_name(f".{self.target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(self.target, old)
-            os.replace(self.tmp, self.target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.tmp, self.target)
+        replace_dir(self.tmp, self.target)
 
 
 def _is_model_file(name):

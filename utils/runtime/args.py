@@ -201,3 +201,29 @@ def check_output_file(flag, path):
         raise ConfigError(f"{flag} {path}: its folder {Path(path).resolve().parent} does not exist")
     if path and Path(path).is_dir():
         raise ConfigError(f"{flag} {path} is a folder; name a file to write")
+
+
+def add_step_args(parser, *, default_lr=1e-3, eval_interval=False):
+    """The flags of a step that trains one model on a data set (steps 1 and 2, DPO), in their groups; returns the
+    groups by name ("data", "model", "training", "deepspeed", "lora", "logging", "checkpoints"), so a step adds
+    its own flags to them. eval_interval: mid-run evaluations (--eval_interval, --eval_iters)."""
+    groups = {"data": add_data_args(parser), "model": add_model_args(parser),
+              "training": add_training_args(parser, default_lr=default_lr),
+              "deepspeed": add_deepspeed_args(parser), "lora": add_lora_args(parser),
+              "logging": add_logging_args(parser)}
+    if eval_interval:
+        add_eval_interval_args(groups["logging"])
+    groups["checkpoints"] = add_checkpoint_args(parser)
+    return groups
+
+
+def parse_step_args(parser, argv=None, check=None):
+    """Parse and check a step's flags (`check_common_args`, then the step's own `check(args)`); --output_dir is
+    required."""
+    args = parser.parse_args(argv)
+    check_common_args(args)
+    if check is not None:
+        check(args)
+    if not args.output_dir:
+        raise ConfigError("--output_dir is required")
+    return args

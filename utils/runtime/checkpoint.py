@@ -26,7 +26,6 @@ on a file system every rank sees (as DeepSpeed's own checkpoints assume). Own st
 never pickle (DeepSpeed's engine files are its own `torch.save` format).
 """
 import json
-import os
 import random
 import re
 import shutil
@@ -38,14 +37,14 @@ import torch
 
 from utils.runtime.dist import barrier, is_rank_0, print_rank_0
 from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, interrupts_deferred, on_exit
-from utils.runtime.paths import FolderLock, make_temp_dir_beside
+from utils.runtime.paths import FolderLock, make_temp_dir_beside, replace_dir, write_file_atomic
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 COMPLETE = "COMPLETE"
 NAME = re.compile(r"step(\d+)")
-# Left by an interrupted write: make_temp_dir_beside's `.<name>.<8 characters>.tmp`, atomic_dir's `.<name>.old`,
-# the `latest` pointer's `.latest.<pid>.tmp`.
+# Left by an interrupted write: make_temp_dir_beside's `.<name>.<8 characters>.tmp`, write_file_atomic's
+# `.<name>.<pid>.tmp` (the `latest` pointer), and `.<name>.old` (a model folder swapped by an earlier version).
 TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.tmp|old|\d+\.tmp)")
 
 
@@ -401,8 +400,8 @@ class Checkpointer:
             barrier()
             if rank == 0:
                 _write_json(tmp / COMPLETE, {"step": step, "files": file_manifest(tmp)})
-                _replace_dir(tmp, target)
-                _write_text_atomic(self.root / LATEST, target.name)
+                replace_dir(tmp, target)
+                write_file_atomic(self.root / LATEST, lambda f: f.write(target.name + "\n"))
                 self.kept = [path for path in self.kept if path != target] + [target]
                 self._prune()
         finally:
@@ -530,24 +529,6 @@ def _broadcast(value):
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _replace_dir(tmp, target):
-    """Rename `tmp` to `target`; an existing `target` (a checkpoint of an earlier run at the same step) is moved
-    aside first and deleted after."""
-    if target.exists():
-        old = make_temp_dir_beside(target)
-        os.replace(target, old / target.name)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
-
-
-def _write_text_atomic(path, text):
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
 
 
 def _write_json(path, value):

@@ -72,8 +72,12 @@ def resolve_dtype(dtype):
     return training_dtype(dtype)[0]
 
 
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def torch_dtype(dtype):
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    """The torch dtype of a resolved `--dtype` (fp32, bf16 or fp16)."""
+    return TORCH_DTYPES[dtype]
 
 
 def get_train_ds_config(*, micro_batch_size, gradient_accumulation_steps, world_size, dtype, stage, offload=False,

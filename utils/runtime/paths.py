@@ -30,10 +30,38 @@ def build_once(target, build):
         tmp = make_temp_dir_beside(target)
         try:
             build(tmp)
-            os.replace(tmp, target)
+            replace_dir(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def write_file_atomic(path, write, mode="w"):
+    """Write the file `path` through `write(f)` on a hidden temporary file beside it (`.<name>.<pid>.tmp`), then
+    rename it into place: a reader sees the old file or the whole new one, never part of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, mode) as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def replace_dir(tmp, target):
+    """Rename the finished folder `tmp` to `target`. An existing `target` is first moved into a temporary folder
+    beside it and deleted after, so `target` is missing only between two renames, never half-written."""
+    import shutil
+
+    tmp, target = Path(tmp), Path(target)
+    if not target.exists():
+        os.replace(tmp, target)
+        return
+    old = make_temp_dir_beside(target)
+    os.replace(target, old / target.name)
+    os.replace(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def make_temp_dir_beside(target):

@@ -147,7 +147,7 @@ def test_single_node_two_processes_zero3_lora_reinforce_pp(step3_model_dirs, tmp
 
 @pytest.mark.parametrize("swap, message", [
     ("actor", "is a reward model (step 2 output)"),
-    ("critic", "is not a reward model folder"),
+    ("critic", "is not a reward model (its config.json"),
 ])
 def test_swapped_model_folders_end_in_one_error_line_and_exit_2(step3_model_dirs, tmp_path, swap, message):
     actor_dir, critic_dir = step3_model_dirs
@@ -175,7 +175,7 @@ def test_resolve_step_models_checks_each_folders_kind(step3_model_dirs):
     assert resolve_step_models(args(actor_dir, critic_dir)) == (actor_dir, critic_dir)
     with pytest.raises(ConfigError, match="is a reward model"):
         resolve_step_models(args(critic_dir, critic_dir))
-    with pytest.raises(ConfigError, match="not a reward model folder"):
+    with pytest.raises(ConfigError, match="is not a reward model"):
         resolve_step_models(args(actor_dir, actor_dir))
 
 
