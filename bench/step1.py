@@ -65,7 +65,7 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
 
 
 def engine_train_step(engine, batch):
-    """One micro-step of step 1's loop (`train_one_epoch`): forward, finiteness check, backward, step."""
+    """One micro-step of step 1's loop (utils.runtime.loop.train_loop): forward, finiteness check, backward, step."""
     loss = engine(**batch, use_cache=False).loss
     assert_finite(loss, "the training loss")
     engine.backward(loss)

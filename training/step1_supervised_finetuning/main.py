@@ -2,8 +2,9 @@
 
 The loss counts answer tokens only (prompt and padding are labelled -100). Perplexity on the eval split is
 measured before training and after every epoch. The result is a Hugging Face folder in --output_dir.
-With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and --resume
-continues from the latest one exactly as the uninterrupted run would have gone on.
+With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and
+--resume continues from the latest one exactly as the uninterrupted run would have gone on. The loop is the one
+steps 2 and DPO share (utils/runtime/loop.py).
 """
 import sys
 from pathlib import Path
@@ -16,16 +17,13 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import torch
 
-from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
-from utils.model.model_utils import count_parameters, create_hf_model, load_tokenizer, resolve_model_path
-from utils.model.save import save_hf_model
-from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, training_flags
-from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
-from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
-from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
-                                  write_metrics)
+from utils.data.data_utils import DataCollatorSFT
+from utils.model.model_utils import create_hf_model, resolve_model_path
+from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
+from utils.runtime.dist import to_device
+from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import cli_entry
-from utils.runtime.monitor import Monitor, Throughput, format_scalars
+from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 
 
 def parse_args(argv=None):
@@ -35,7 +33,8 @@ def parse_args(argv=None):
 
 
 def evaluate_perplexity(engine, eval_loader, device):
-    """exp of the mean loss per answer token over the whole eval split (all ranks)."""
+    """{"perplexity", "loss"} over the whole eval split (all ranks): loss = the mean loss per answer token,
+    perplexity = exp(loss)."""
     engine.eval()
     loss_sum = torch.zeros((), device=device)
     token_count = torch.zeros((), device=device)
@@ -50,7 +49,7 @@ def evaluate_perplexity(engine, eval_loader, device):
         torch.distributed.all_reduce(token_count)
     engine.train()
     mean_loss = (loss_sum / token_count.clamp(min=1)).item()
-    return math.exp(min(mean_loss, 50.0)), mean_loss
+    return {"perplexity": math.exp(min(mean_loss, 50.0)), "loss": mean_loss}
 
 
 @cli_entry
@@ -61,105 +60,34 @@ def main(argv=None):
 
     # Data
     model_path = resolve_model_path(args.model_name_or_path)
-    claim_output_dir(args, inputs={"--model_name_or_path": model_path})
-    tokenizer = load_tokenizer(model_path, args.trust_remote_code)
-    train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
-                                                        1, args.seed, tokenizer, args.max_seq_len)
-    collator = DataCollatorSFT(tokenizer.pad_token_id)
-    train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
-    eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
+    tokenizer, train_dataset, eval_dataset = step_data(args, 1, {"--model_name_or_path": model_path})
+    train_loader, eval_loader = make_loaders(args, train_dataset, eval_dataset, DataCollatorSFT(tokenizer.pad_token_id))
 
     # Model and engine
-    ds_config = train_ds_config_from_args(args, world_size)
-    model = create_hf_model(_causal_lm_class(), model_path, tokenizer, ds_config, args.dropout,
-                            args.trust_remote_code)
-    total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
-                                       args.max_steps)
-    engine = train_engine_from_args(model, ds_config, args, total_steps)
-    print_rank_0(f"model {args.model_name_or_path}: {count_parameters(model) / 1e6:.2f}M parameters, "
-                 f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
-                 f"{len(eval_dataset)} eval samples; {total_steps} optimizer steps")
-
-    # Loop (resumed from the latest checkpoint with --resume)
-    position = TrainingPosition(train_loader)
-    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position,
-                                flags=training_flags(args, step=1))
-    resumed = checkpointer.resume() if args.resume else None
-    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step1_sft")
-    throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)
-    if resumed:
-        metrics = resumed["metrics"]
-    else:
-        perplexity, eval_loss = evaluate_perplexity(engine, eval_loader, device)
-        metrics = {"perplexity_before": perplexity}
-        print_rank_0(f"eval before training: perplexity {perplexity:.4f} (loss {eval_loss:.4f})")
-        monitor.write(0, "eval", perplexity=perplexity, loss=eval_loss)
-    for epoch in position.epochs(args.num_train_epochs):
-        train_one_epoch(engine, position.batches(epoch), len(train_loader), device, args, epoch, monitor,
-                        throughput, total_steps, save_checkpoint_if_due=lambda step: checkpointer.save_if_due(
-                            step, total_steps, {"metrics": metrics}))
-        perplexity, eval_loss = evaluate_perplexity(engine, eval_loader, device)
-        print_rank_0(f"eval after epoch {epoch + 1}/{args.num_train_epochs}: perplexity {perplexity:.4f} "
-                     f"(loss {eval_loss:.4f})")
-        monitor.write(engine.global_steps, "eval", perplexity=perplexity, loss=eval_loss)
-        if engine.global_steps >= total_steps:
-            break
-    metrics.update(perplexity_after=perplexity, optimizer_steps=engine.global_steps,
-                   parameters=count_parameters(model), wall_time_s=time.time() - start_time)
-    monitor.close()
-
-    # Save
-    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
-    write_metrics(args.output_dir, metrics)
-    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
-
-
-def train_one_epoch(engine, batches, num_batches, device, args, epoch, monitor, throughput, total_steps,
-                    save_checkpoint_if_due):
-    """Train on `batches` ((micro_step, batch) pairs of this epoch) until the epoch or the run ends; after each
-    optimizer step, `save_checkpoint_if_due(step)`."""
-    from tqdm import tqdm
-
-    engine.train()
-    progress = tqdm(batches, total=num_batches, desc=f"epoch {epoch + 1}", disable=not _show_progress(),
-                    mininterval=2.0)
-    for micro_step, batch in progress:
-        if engine.global_steps >= total_steps:  # a run resumed from its last checkpoint has nothing left
-            break
-        batch = to_device(batch, device)
-        step_start = time.perf_counter()
-        loss = engine(**batch, use_cache=False).loss
-        assert_finite(loss, "the training loss")
-        engine.backward(loss)
-        engine.step()
-        throughput.add(time.perf_counter() - step_start, *batch["input_ids"].shape,
-                       int(batch["attention_mask"].sum()))
-        if (micro_step + 1) % args.gradient_accumulation_steps != 0:
-            continue
-        step = engine.global_steps
-        if step % args.print_interval == 0 or step == total_steps:
-            mean_loss = all_reduce_mean(loss.detach().float()).item()
-            lr = engine.lr_scheduler.get_last_lr()[0]
-            progress.set_postfix(loss=f"{mean_loss:.4f}")
-            print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(loss=mean_loss, lr=lr)}")
-            monitor.write(step, "train", loss=mean_loss, lr=lr, **throughput.report())
-        save_checkpoint_if_due(step)
-        if step >= total_steps:
-            break
-
-
-def _causal_lm_class():
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM
+    ds_config = train_ds_config_from_args(args, world_size)
+    model = create_hf_model(AutoModelForCausalLM, model_path, tokenizer, ds_config, args.dropout,
+                            args.trust_remote_code)
+    engine, total_steps = step_engine(model, ds_config, args, train_loader, eval_loader, world_size,
+                                      f"model {args.model_name_or_path}")
 
+    # Loop (resumed from the latest checkpoint with --resume): perplexity before training and after each epoch
+    state = LoopState(args, engine, train_loader, world_size, step=1, run_name="step1_sft")
+    run_eval = state.evaluator(engine, lambda: evaluate_perplexity(engine, eval_loader, device))
+    metrics = state.metrics_before(run_eval)
 
-def _show_progress():
-    import sys
+    def epoch_end(epoch):
+        metrics.update({f"{name}_after": value for name, value in
+                        run_eval(f"after epoch {epoch + 1}/{args.num_train_epochs}").items()})
 
-    from utils.runtime.dist import is_rank_0
+    train_loop(engine, state.position, args, total_steps, device,
+               loss_and_stats=lambda batch: (engine(**batch, use_cache=False).loss, {}),
+               throughput=state.throughput, monitor=state.monitor, checkpointer=state.checkpointer,
+               checkpoint_state={"metrics": metrics}, epoch_end=epoch_end)
 
-    return is_rank_0() and sys.stderr.isatty()
+    # Save
+    save_run(engine, tokenizer, args, metrics, state.monitor, start_time)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,7 @@ eval mode under no_grad, once per batch, or once for the whole data set before t
 split as step 2 (phase 2 of --data_split). Loss, accuracy, chosen/rejected rewards, margins and log-probs on the
 eval split are measured before training, every --eval_interval steps and at the end. The result is a Hugging
 Face folder in --output_dir (the DPO actor, for step-1's prompt_eval.py or chat.py).
-With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and
---resume continues from the latest one exactly as the uninterrupted run would have gone on.
+--save_steps and --resume work as in steps 1 and 2 (utils/runtime/loop.py).
 """
 import sys
 from pathlib import Path
@@ -28,21 +27,16 @@ import time
 
 import torch
 
-from utils.data.data_utils import DataCollatorPreference, ListDataset, create_prompt_dataset, make_dataloader
-from utils.model.model_utils import (count_parameters, create_hf_model, load_tokenizer, model_forward_kwargs,
-                                     resolve_model_path)
-from utils.model.save import save_hf_model
+from utils.data.data_utils import DataCollatorPreference, ListDataset
+from utils.model.model_utils import create_hf_model, model_forward_kwargs, resolve_model_path
 from utils.rl.frozen import frozen_causal_lm, frozen_ds_config
 from utils.rl.losses import PREFERENCE_LOSS_TYPES, preference_loss
 from utils.rl.tokens import sequence_logprobs
-from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, training_flags
-from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
+from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import print_rank_0, to_device
-from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
-                                  write_metrics)
+from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import ConfigError, cli_entry
-from utils.runtime.loop import train_loop
-from utils.runtime.monitor import Monitor, Throughput, format_scalars
+from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 
 
 def parse_args(argv=None):
@@ -228,10 +222,7 @@ def main(argv=None):
     model_path = resolve_model_path(args.model_name_or_path)
     ref_path = resolve_reference_path(args, model_path) if uses_reference(args) else None
     inputs = {"--model_name_or_path": model_path, **({"--ref_model_name_or_path": ref_path} if ref_path else {})}
-    claim_output_dir(args, inputs=inputs)
-    tokenizer = load_tokenizer(model_path, args.trust_remote_code)
-    train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
-                                                        2, args.seed, tokenizer, args.max_seq_len)
+    tokenizer, train_dataset, eval_dataset = step_data(args, 2, inputs)
     collator = DataCollatorPreference(tokenizer.pad_token_id)
 
     # Reference, then policy and engine
@@ -241,52 +232,28 @@ def main(argv=None):
                                                                  collator, args, world_size, device)
     elif uses_reference(args):
         reference = load_reference(ref_path, tokenizer, args, world_size)
-    train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
-    eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
+    train_loader, eval_loader = make_loaders(args, train_dataset, eval_dataset, collator)
     ds_config = train_ds_config_from_args(args, world_size)
     from transformers import AutoModelForCausalLM
 
     model = create_hf_model(AutoModelForCausalLM, model_path, tokenizer, ds_config, args.dropout,
                             args.trust_remote_code)
-    total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
-                                       args.max_steps)
-    engine = train_engine_from_args(model, ds_config, args, total_steps)
-    print_rank_0(f"DPO ({args.loss_type}, beta {args.beta}) on {args.model_name_or_path}: "
-                 f"{count_parameters(model) / 1e6:.2f}M parameters, {args.dtype}, ZeRO-{args.zero_stage}, "
-                 f"{world_size} process(es); {len(train_dataset)} train / {len(eval_dataset)} eval pairs; "
-                 f"{total_steps} optimizer steps")
+    engine, total_steps = step_engine(model, ds_config, args, train_loader, eval_loader, world_size,
+                                      f"DPO ({args.loss_type}, beta {args.beta}) on {args.model_name_or_path}",
+                                      rows="pairs")
 
     # Loop (resumed from the latest checkpoint with --resume)
-    position = TrainingPosition(train_loader)
-    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position,
-                                flags=training_flags(args, step="dpo"))
-    resumed = checkpointer.resume() if args.resume else None
-    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step2_dpo")
-    throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)
-
-    def run_eval(when):
-        scores = evaluate_preference(engine, reference, eval_loader, device, args)
-        print_rank_0(f"eval {when}: {format_scalars(**scores)}")
-        monitor.write(engine.global_steps, "eval", **scores)
-        return scores
-
-    if resumed:
-        metrics = resumed["metrics"]
-    else:
-        metrics = {f"{k}_before": v for k, v in run_eval("before training").items()}
-    train_loop(engine, position, args, total_steps, device,
+    state = LoopState(args, engine, train_loader, world_size, step="dpo", run_name="step2_dpo")
+    run_eval = state.evaluator(engine, lambda: evaluate_preference(engine, reference, eval_loader, device, args))
+    metrics = state.metrics_before(run_eval)
+    train_loop(engine, state.position, args, total_steps, device,
                loss_and_stats=lambda batch: preference_batch_loss(engine, reference, batch, args),
-               throughput=throughput, monitor=monitor, checkpointer=checkpointer,
+               throughput=state.throughput, monitor=state.monitor, checkpointer=state.checkpointer,
                checkpoint_state={"metrics": metrics}, run_eval=run_eval, what=f"the {args.loss_type} loss")
     metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
-    metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(model),
-                   wall_time_s=time.time() - start_time)
-    monitor.close()
 
     # Save
-    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
-    write_metrics(args.output_dir, metrics)
-    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+    save_run(engine, tokenizer, args, metrics, state.monitor, start_time)
 
 
 if __name__ == "__main__":

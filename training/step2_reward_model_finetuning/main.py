@@ -4,8 +4,7 @@ A base transformer with a scalar value head scores each sequence at its last rea
 is the Bradley-Terry pairwise loss -log sigmoid(r_chosen - r_rejected), averaged over pairs. Accuracy and the
 mean chosen/rejected scores on the eval split are measured before training, every --eval_interval steps and at
 the end. The result is a reward-model folder in --output_dir that step 3 and rw_eval.py load.
-With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and --resume
-continues from the latest one exactly as the uninterrupted run would have gone on.
+Checkpoints (--save_steps) and --resume work as in step 1, through the same loop (utils/runtime/loop.py).
 """
 import sys
 from pathlib import Path
@@ -17,18 +16,14 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import torch
 
-from utils.data.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
-from utils.model.model_utils import count_parameters, load_tokenizer, resolve_model_path
+from utils.data.data_utils import DataCollatorReward
+from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import RewardModel
-from utils.model.save import save_hf_model
-from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, training_flags
-from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
-from utils.runtime.dist import print_rank_0, to_device
-from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
-                                  write_metrics)
+from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
+from utils.runtime.dist import to_device
+from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import cli_entry
-from utils.runtime.loop import train_loop
-from utils.runtime.monitor import Monitor, Throughput, format_scalars
+from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 
 
 def parse_args(argv=None):
@@ -70,60 +65,33 @@ def main(argv=None):
 
     # Data
     model_path = resolve_model_path(args.model_name_or_path)
-    claim_output_dir(args, inputs={"--model_name_or_path": model_path})
-    tokenizer = load_tokenizer(model_path, args.trust_remote_code)
-    train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
-                                                        2, args.seed, tokenizer, args.max_seq_len)
-    collator = DataCollatorReward(tokenizer.pad_token_id)
-    train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
-    eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
+    tokenizer, train_dataset, eval_dataset = step_data(args, 2, {"--model_name_or_path": model_path})
+    train_loader, eval_loader = make_loaders(args, train_dataset, eval_dataset,
+                                             DataCollatorReward(tokenizer.pad_token_id))
 
     # Model and engine
     ds_config = train_ds_config_from_args(args, world_size)
     model = RewardModel.from_pretrained(model_path, tokenizer, ds_config, args.dropout,
                                         args.num_padding_at_beginning, args.trust_remote_code)
-    total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
-                                       args.max_steps)
-    engine = train_engine_from_args(model, ds_config, args, total_steps)
-    print_rank_0(f"reward model on {args.model_name_or_path}: {count_parameters(model) / 1e6:.2f}M parameters, "
-                 f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
-                 f"{len(eval_dataset)} eval pairs; {total_steps} optimizer steps")
+    engine, total_steps = step_engine(model, ds_config, args, train_loader, eval_loader, world_size,
+                                      f"reward model on {args.model_name_or_path}", rows="pairs")
 
     # Loop (resumed from the latest checkpoint with --resume)
-    position = TrainingPosition(train_loader)
-    checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine}, position,
-                                flags=training_flags(args, step=2))
-    resumed = checkpointer.resume() if args.resume else None
-    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step2_reward")
-    throughput = Throughput(model.config, world_size, args.gradient_checkpointing, args.lora_dim)
-
-    def run_eval(when):
-        scores = evaluate_reward(engine, eval_loader, device, args.eval_iters)
-        print_rank_0(f"eval {when}: {format_scalars(**scores)}")
-        monitor.write(engine.global_steps, "eval", **scores)
-        return scores
-
-    if resumed:
-        metrics = resumed["metrics"]
-    else:
-        metrics = {f"{k}_before": v for k, v in run_eval("before training").items()}
+    state = LoopState(args, engine, train_loader, world_size, step=2, run_name="step2_reward")
+    run_eval = state.evaluator(engine, lambda: evaluate_reward(engine, eval_loader, device, args.eval_iters))
+    metrics = state.metrics_before(run_eval)
 
     def loss_and_stats(batch):
         out = engine(**batch)
         return out["loss"], {"batch_accuracy": (out["chosen_end_scores"] > out["rejected_end_scores"]).float().mean()}
 
-    train_loop(engine, position, args, total_steps, device, loss_and_stats=loss_and_stats, throughput=throughput,
-               monitor=monitor, checkpointer=checkpointer, checkpoint_state={"metrics": metrics}, run_eval=run_eval,
-               what="the reward-model loss")
+    train_loop(engine, state.position, args, total_steps, device, loss_and_stats=loss_and_stats,
+               throughput=state.throughput, monitor=state.monitor, checkpointer=state.checkpointer,
+               checkpoint_state={"metrics": metrics}, run_eval=run_eval, what="the reward-model loss")
     metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
-    metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(model),
-                   wall_time_s=time.time() - start_time)
-    monitor.close()
 
     # Save
-    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
-    write_metrics(args.output_dir, metrics)
-    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+    save_run(engine, tokenizer, args, metrics, state.monitor, start_time)
 
 
 if __name__ == "__main__":

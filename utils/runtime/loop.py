@@ -1,25 +1,106 @@
-"""The training loop of the steps that train one engine on batches of a data set (step 2's reward model, DPO):
-epochs of micro-batches, a NaN guard, throughput, the loss line and TensorBoard, evaluations and checkpoints."""
+"""The training loop of the steps that train one engine on batches of a data set (step 1's causal LM, step 2's
+reward model, DPO) and what surrounds it: the data loaders, the position in the data, checkpoints, the monitor
+and throughput, evaluations, and the save at the end."""
 import time
 
-from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
+from utils.runtime.dist import all_reduce_mean, assert_finite, is_rank_0, print_rank_0, to_device
 from utils.runtime.monitor import format_scalars
 
 
+def step_data(args, phase, inputs):
+    """(tokenizer, train_dataset, eval_dataset) of a step: --output_dir claimed for this run (`inputs`: {flag:
+    folder} of the models it reads; the tokenizer is --model_name_or_path's), and phase `phase` of --data_split
+    tokenized within --max_seq_len."""
+    from utils.data.data_utils import create_prompt_dataset
+    from utils.model.model_utils import load_tokenizer
+    from utils.runtime.checkpoint import claim_output_dir
+
+    claim_output_dir(args, inputs=inputs)
+    tokenizer = load_tokenizer(inputs["--model_name_or_path"], args.trust_remote_code)
+    train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
+                                                        phase, args.seed, tokenizer, args.max_seq_len)
+    return tokenizer, train_dataset, eval_dataset
+
+
+def make_loaders(args, train_dataset, eval_dataset, collator):
+    """(train_loader, eval_loader): the train split shuffled by --seed, the eval split in order, at the step's
+    per-device batch sizes."""
+    from utils.data.data_utils import make_dataloader
+
+    return (make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed),
+            make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False))
+
+
+def step_engine(model, ds_config, args, train_loader, eval_loader, world_size, what, rows="samples"):
+    """(engine, total_steps): the DeepSpeed engine of `model` with an LR schedule as long as the run's optimizer
+    steps, and one line saying what trains (`what`), how, and on how many `rows`."""
+    from utils.model.model_utils import count_parameters
+    from utils.runtime.engine import count_training_steps, train_engine_from_args
+
+    total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
+                                       args.max_steps)
+    engine = train_engine_from_args(model, ds_config, args, total_steps)
+    print_rank_0(f"{what}: {count_parameters(model) / 1e6:.2f}M parameters, {args.dtype}, ZeRO-{args.zero_stage}, "
+                 f"{world_size} process(es); {len(train_loader.dataset)} train / {len(eval_loader.dataset)} eval "
+                 f"{rows}; {total_steps} optimizer steps")
+    return engine, total_steps
+
+
+class LoopState:
+    """What a step keeps around its loop: where it is in the data (`position`), the `checkpointer` (resumed from
+    with --resume: then `resumed` holds the checkpoint's state, else None), the TensorBoard `monitor` under
+    `run_name`, and the `throughput` meter. `step` names the step in the checkpoints' recorded flags."""
+
+    def __init__(self, args, engine, train_loader, world_size, *, step, run_name):
+        from utils.runtime.args import training_flags
+        from utils.runtime.checkpoint import Checkpointer, TrainingPosition
+        from utils.runtime.monitor import Monitor, Throughput
+
+        self.position = TrainingPosition(train_loader)
+        self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
+                                         self.position, flags=training_flags(args, step=step))
+        self.resumed = self.checkpointer.resume() if args.resume else None
+        self.monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, run_name)
+        self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
+
+    def evaluator(self, engine, evaluate):
+        """run_eval(when) -> scores: `evaluate()` ({name: float}), printed as `eval <when>: ...` and written to
+        TensorBoard at the engine's step."""
+        def run_eval(when):
+            scores = evaluate()
+            print_rank_0(f"eval {when}: {format_scalars(**scores)}")
+            self.monitor.write(engine.global_steps, "eval", **scores)
+            return scores
+
+        return run_eval
+
+    def metrics_before(self, run_eval):
+        """The run's metrics so far: the resumed checkpoint's, or `<name>_before` of an evaluation now."""
+        if self.resumed:
+            return self.resumed["metrics"]
+        return {f"{name}_before": value for name, value in run_eval("before training").items()}
+
+
 def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, throughput, monitor, checkpointer,
-               checkpoint_state, run_eval=None, what="the training loss"):
+               checkpoint_state, run_eval=None, what="the training loss", epoch_end=None):
     """Train `engine` until `total_steps` optimizer steps (or args.num_train_epochs) are done.
 
     loss_and_stats(batch) -> (loss, {name: detached scalar tensor}): one micro-batch's loss and the figures to
     report beside it. Every args.print_interval optimizer steps (and at the last) the loss and stats, averaged
     over ranks, are printed and written to TensorBoard with the learning rate and throughput; every
     args.eval_interval steps (if the step has that flag) `run_eval(when)` runs; `checkpointer` saves with
-    `checkpoint_state` when due. A resumed run (position and engine loaded) goes on from where it stopped.
+    `checkpoint_state` when due; after each epoch (the last one too, however short) `epoch_end(epoch)` runs. A
+    resumed run (position and engine loaded) goes on from where it stopped. A progress bar per epoch shows on
+    rank 0 when the output is a terminal.
     """
+    from tqdm import tqdm
+
     eval_interval = getattr(args, "eval_interval", 0)
     step = engine.global_steps
     for epoch in position.epochs(args.num_train_epochs):
-        for micro_step, batch in position.batches(epoch):
+        progress = tqdm(position.batches(epoch), total=len(position.loader), desc=f"epoch {epoch + 1}",
+                        disable=not (is_rank_0() and _stderr_is_terminal()), mininterval=2.0)
+        for micro_step, batch in progress:
             if step >= total_steps:  # a run resumed from its last checkpoint has nothing left
                 break
             batch = to_device(batch, device)
@@ -36,14 +117,39 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
             if step % args.print_interval == 0 or step == total_steps:
                 scalars = {name: all_reduce_mean(value.detach().float()).item()
                            for name, value in {"loss": loss, **stats}.items()}
-                print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(**scalars)}")
-                monitor.write(step, "train", **scalars, lr=engine.lr_scheduler.get_last_lr()[0],
-                              **throughput.report())
+                lr = engine.lr_scheduler.get_last_lr()[0]
+                progress.set_postfix(loss=f"{scalars['loss']:.4f}")
+                print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(**scalars, lr=lr)}")
+                monitor.write(step, "train", **scalars, lr=lr, **throughput.report())
             if run_eval is not None and eval_interval and step % eval_interval == 0 and step < total_steps:
                 run_eval(f"at step {step}")
             checkpointer.save_if_due(step, total_steps, checkpoint_state)
             if step >= total_steps:
                 break
+        progress.close()
+        if epoch_end is not None:
+            epoch_end(epoch)
         if step >= total_steps:
             break
     return step
+
+
+def save_run(engine, tokenizer, args, metrics, monitor, start_time):
+    """The end of a step: the run's totals added to `metrics`, TensorBoard closed, the model saved as a Hugging
+    Face folder in --output_dir with metrics.json beside it."""
+    from utils.model.model_utils import count_parameters
+    from utils.model.save import save_hf_model
+    from utils.runtime.engine import write_metrics
+
+    metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(engine.module),
+                   wall_time_s=time.time() - start_time)
+    monitor.close()
+    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
+    write_metrics(args.output_dir, metrics)
+    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+
+
+def _stderr_is_terminal():
+    import sys
+
+    return sys.stderr.isatty()
