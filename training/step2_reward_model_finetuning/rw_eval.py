@@ -158,7 +158,7 @@ def eval_pairs(model, tokenizer, args):
         sample = pair_sample(tokenizer, row["prompt"], row["chosen"], row["rejected"], args.max_seq_len, counter)
         if sample is not None:
             kept.append((row, sample))
-    print(counter.summary())
+    print(counter.report())
     if not kept:
         raise DataError(f"{args.pairs_file}: no pair left to score (see the skipped counts above)")
     chosen = score_sequences(model, [s["chosen_ids"] for _, s in kept], tokenizer.pad_token_id, args.batch_size)

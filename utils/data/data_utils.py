@@ -7,6 +7,7 @@ trained on twice. A split may have fewer or more parts, as long as every step th
 Phase 1 makes SFT samples (prompt + answer), phase 2 preference pairs, phase 3 prompts. The shuffled indices of each part are cached in `--data_output_path` as `.npy` files written
 and read without pickle.
 """
+import math
 import os
 from dataclasses import dataclass
 
@@ -81,25 +82,56 @@ def tokenize_answer(tokenizer, answer):
 
 
 class SampleCounter:
-    """Counts samples kept and skipped (by reason) while a data set is built, for one summary line."""
+    """Counts samples kept and skipped (by reason) while a data set is built, for one summary line; and, for the
+    rows checked against a length limit, the tokens each needs whole and how many the limit dropped, for
+    `length_warning`."""
 
     def __init__(self, what):
         self.what, self.kept, self.skipped = what, 0, {}
+        self.needed, self.too_long, self.limit = [], 0, None
 
     def skip(self, reason):
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def measure(self, needed, flag, limit):
+        """A row that needs `needed` tokens to be kept whole, checked against `flag` = `limit`."""
+        self.needed.append(needed)
+        self.limit = (flag, limit)
+
+    def skip_too_long(self, reason):
+        self.skip(reason)
+        self.too_long += 1
 
     def summary(self):
         skipped = ", ".join(f"{count} {reason}" for reason, count in sorted(self.skipped.items()))
         return f"{self.what}: {self.kept} samples" + (f" (skipped: {skipped})" if skipped else "")
 
+    def length_warning(self):
+        """One line when the length limit dropped more than a tenth of the rows it checked (None otherwise): the
+        counts, and the limit that would keep 95% of them whole (the 95th percentile of the tokens they need,
+        sorted(needed)[ceil(0.95 n) - 1])."""
+        rows = len(self.needed)
+        if self.too_long * 10 <= rows:
+            return None
+        flag, limit = self.limit
+        keep_95 = sorted(self.needed)[math.ceil(0.95 * rows) - 1]
+        return (f"WARNING: {flag} {limit} dropped {self.too_long} of {rows} rows of {self.what} "
+                f"({self.too_long / rows:.0%}); {flag} {keep_95} would keep 95% of them whole")
+
+    def report(self):
+        """The summary line, then the length warning on a line of its own if there is one."""
+        warning = self.length_warning()
+        return self.summary() + (f"\n{warning}" if warning else "")
+
 
 def sft_sample(tokenizer, prompt, chosen, max_seq_len, counter):
     """Prompt + chosen answer + EOS, truncated to max_seq_len; labels are -100 on the prompt."""
     prompt_ids = tokenize_prompt(tokenizer, prompt)
-    input_ids = (prompt_ids + tokenize_answer(tokenizer, chosen))[:max_seq_len]
+    input_ids = prompt_ids + tokenize_answer(tokenizer, chosen)
+    counter.measure(len(input_ids), "--max_seq_len", max_seq_len)
+    input_ids = input_ids[:max_seq_len]
     if len(input_ids) <= len(prompt_ids):
-        counter.skip("prompt fills --max_seq_len")
+        counter.skip_too_long("prompt fills --max_seq_len")
         return None
     counter.kept += 1
     return {"input_ids": input_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + input_ids[len(prompt_ids):]}
@@ -115,8 +147,9 @@ def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
     prompt_ids = tokenize_prompt(tokenizer, prompt)
     chosen_ids = prompt_ids + tokenize_answer(tokenizer, chosen)
     rejected_ids = prompt_ids + tokenize_answer(tokenizer, rejected)
+    counter.measure(max(len(chosen_ids), len(rejected_ids)), "--max_seq_len", max_seq_len)
     if max(len(chosen_ids), len(rejected_ids)) > max_seq_len:
-        counter.skip("longer than --max_seq_len")
+        counter.skip_too_long("longer than --max_seq_len")
         return None
     counter.kept += 1
     return {"chosen_ids": chosen_ids, "rejected_ids": rejected_ids, "prompt_len": len(prompt_ids)}
@@ -126,8 +159,9 @@ def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
     """Prompt token ids for PPO rollouts, and the prompt's text (for reward functions and evaluation); a prompt
     longer than max_prompt_len is skipped, not cut."""
     prompt_ids = tokenize_prompt(tokenizer, prompt)
+    counter.measure(len(prompt_ids), "--max_prompt_seq_len", max_prompt_len)
     if len(prompt_ids) > max_prompt_len:
-        counter.skip("longer than --max_prompt_seq_len")
+        counter.skip_too_long("longer than --max_prompt_seq_len")
         return None
     counter.kept += 1
     return {"prompt_ids": prompt_ids, "prompt": prompt}
@@ -188,7 +222,7 @@ def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed
                                       len(rows))
             samples += build_samples(raw, rows.select(part.tolist()), train_phase, tokenizer, max_seq_len,
                                      counter)
-        print_rank_0(counter.summary())
+        print_rank_0(counter.report())
         if not samples:
             raise DataError(f"no {split_name} data left for phase {train_phase} from {', '.join(data_paths)} "
                             f"with --data_split {data_split} (see the skipped counts above)")

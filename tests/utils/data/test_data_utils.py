@@ -186,6 +186,70 @@ def test_create_prompt_dataset_refuses_bad_phase_and_split(tmp_path, data_dir, t
     assert len(train) > 0  # steps 1 and 2 alone need two parts only
 
 
+# --------------------------------------------------------------------------- the length-limit warning
+
+
+def varied_pairs(n):
+    """Pairs whose prompts grow from a few words to many, as real dialogue varies."""
+    return [(" Human: " + " ".join(f"word{j}" for j in range(1 + 2 * i)) + "? Assistant:", f" yes {i}", f" no {i}")
+            for i in range(n)]
+
+
+def pair_lengths(tokenizer, pairs, limit):
+    counter = SampleCounter("pairs")
+    kept = [pair_sample(tokenizer, *pair, limit, counter) for pair in pairs]
+    return counter, sum(sample is not None for sample in kept)
+
+
+def test_a_limit_that_drops_over_a_tenth_warns_with_counts_and_the_limit_that_keeps_95_percent(tiny_tokenizer):
+    pairs = varied_pairs(40)
+    counter, kept = pair_lengths(tiny_tokenizer, pairs, 48)
+    dropped = len(pairs) - kept
+    assert dropped * 10 > len(pairs)  # the case at hand: more than a tenth dropped
+    warning = counter.length_warning()
+    assert warning.startswith("WARNING: --max_seq_len 48 dropped ") and "\n" not in warning
+    assert f"dropped {dropped} of {len(pairs)} rows of pairs" in warning
+    suggested = int(warning.split("; --max_seq_len ")[1].split()[0])
+    # The suggested limit keeps at least 95% of the rows, and is the smallest that does.
+    assert pair_lengths(tiny_tokenizer, pairs, suggested)[1] >= 0.95 * len(pairs)
+    assert pair_lengths(tiny_tokenizer, pairs, suggested - 1)[1] < 0.95 * len(pairs)
+    assert counter.report() == f"{counter.summary()}\n{warning}"
+
+
+def test_a_limit_that_drops_a_tenth_or_less_says_nothing(tiny_tokenizer):
+    pairs = varied_pairs(40)
+    longest = max(len(tiny_tokenizer(p)["input_ids"]) + len(ids(tiny_tokenizer, c)) + 1 for p, c, _ in pairs)
+    counter, kept = pair_lengths(tiny_tokenizer, pairs, longest)
+    assert kept == len(pairs) and counter.length_warning() is None and counter.report() == counter.summary()
+    lengths = sorted(counter.needed)
+    counter, kept = pair_lengths(tiny_tokenizer, pairs, lengths[-5])  # drops the 4 longest: exactly a tenth
+    assert kept == 36 and counter.length_warning() is None
+
+
+def test_prompt_and_sft_limits_are_named_in_the_warning(tiny_tokenizer):
+    prompts = [pair[0] for pair in varied_pairs(20)]
+    counter = SampleCounter("prompts")
+    for prompt in prompts:
+        prompt_sample(tiny_tokenizer, prompt, 20, counter)
+    assert counter.length_warning().startswith("WARNING: --max_prompt_seq_len 20 dropped ")
+    counter = SampleCounter("sft")
+    for prompt, chosen, _ in varied_pairs(20):
+        sft_sample(tiny_tokenizer, prompt, chosen, 20, counter)
+    assert counter.length_warning().startswith("WARNING: --max_seq_len 20 dropped ")
+
+
+def test_create_prompt_dataset_prints_the_warning_once_per_split(tmp_path, tiny_tokenizer, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    pairs = varied_pairs(30)
+    for name in ("train.json", "eval.json"):
+        write_jsonl(data / name, [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in pairs])
+    create_prompt_dataset([str(data)], "0,1,0", str(tmp_path / "cache"), 2, 1, tiny_tokenizer, 40)
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING:")]
+    assert len(warnings) == 2
+    assert "rows of phase 2 train" in warnings[0] and "rows of phase 2 eval" in warnings[1]
+
+
 # --------------------------------------------------------------------------- SFT samples
 
 
