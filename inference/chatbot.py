@@ -16,6 +16,7 @@ from utils.runtime.args import ArgumentParser
 from utils.runtime.errors import ChatRLHFError, cli_entry
 
 CLEAR, QUIT = "clear", "quit"
+DEFAULT_MAX_NEW_TOKENS = 64  # for a model without saved training settings
 DS_CHAT_TURN_START = "Human:"
 
 
@@ -88,7 +89,9 @@ def parse_args(argv=None):
     parser.add_argument("--path", type=str, required=True,
                         help="A saved actor folder (step 1 or step 3), a base model folder or hub name, or a "
                              "built-in name (tiny, smollm2-135m).")
-    parser.add_argument("--max_new_tokens", type=int, default=64, help="The longest answer, in tokens.")
+    parser.add_argument("--max_new_tokens", type=int, default=None,
+                        help="The longest answer, in tokens (default: the answer length the model was trained to, "
+                             "from its saved settings; else 64).")
     parser.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature (> 0).")
     parser.add_argument("--top_p", type=float, default=0.9, help="Nucleus sampling: keep the smallest set of "
                                                                  "tokens whose probability reaches this.")
@@ -124,6 +127,10 @@ def main(argv=None):
     print(f"dtype: {args.dtype} ({why})", file=sys.stderr, flush=True)
     quiet_transformers()
     model, tokenizer = load_causal_lm(path, args.dtype, args.trust_remote_code)
+    if args.max_new_tokens is None:
+        from utils.model.save import trained_answer_length
+
+        args.max_new_tokens = trained_answer_length(path) or DEFAULT_MAX_NEW_TOKENS
     bot = ChatBot(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.greedy, args.seed)
     if args.prompt is not None:
         print(one_line(answer_turn(bot, args.prompt, args.show_prompt)), flush=True)

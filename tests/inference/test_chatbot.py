@@ -85,6 +85,24 @@ def test_prompt_mode_prints_the_answer_and_exits_0(tiny):
     assert result.stdout == chatbot.one_line(ChatBot(*tiny).clean_answer(expected[0])) + "\n"
 
 
+def test_the_answer_length_defaults_to_the_one_the_model_was_trained_to(tiny, tmp_path):
+    import shutil
+
+    from utils.model.model_utils import resolve_model_path
+    from utils.model.save import TRAINING_SETTINGS
+
+    actor = tmp_path / "actor"
+    shutil.copytree(resolve_model_path("tiny"), actor)
+    (actor / TRAINING_SETTINGS).write_text('{"step": 3, "max_prompt_seq_len": 32, "max_answer_seq_len": 3}')
+    result = run_chat("--path", str(actor), "--prompt", Q1, "--greedy")
+    assert result.returncode == 0, result.stderr
+    model, tokenizer = tiny
+    prompt = [format_turns(tokenizer, [(Q1, None)])]
+    three, eight = (generate(model, tokenizer, prompt, max_new_tokens=n, greedy=True)[0] for n in (3, 8))
+    assert three != eight  # the untrained tiny model does not stop by itself within 8 tokens
+    assert result.stdout == chatbot.one_line(ChatBot(*tiny).clean_answer(three)) + "\n"
+
+
 def test_stdin_mode_is_one_conversation_with_clear_and_quit():
     stdin = f"{Q1}\n{Q2}\n\nclear\n{Q3}\nquit\nWhat is 1 + 1?\n"
     result = run_chat("--path", "tiny", "--greedy", "--max_new_tokens", "6", "--show_prompt", stdin=stdin)

@@ -87,7 +87,7 @@ def main(argv=None):
                checkpoint_state={"metrics": metrics}, epoch_end=epoch_end)
 
     # Save
-    save_run(engine, tokenizer, args, metrics, state.monitor, start_time)
+    save_run(engine, tokenizer, args, metrics, state, start_time)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ from utils.runtime.args import ArgumentParser, check_output_file
 from utils.runtime.errors import ConfigError, cli_entry
 
 
+DEFAULT_MAX_NEW_TOKENS = 16  # for a fine-tuned model without saved training settings
+
+
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model_name_or_path_baseline", type=str, required=True,
@@ -38,7 +41,9 @@ def parse_args(argv=None):
                              "spec, reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any "
                              "other data source (the prompts of its eval split, scored by --reward_model only).")
     parser.add_argument("--num_prompts", type=int, default=None, help="Use only the first N prompts.")
-    parser.add_argument("--max_new_tokens", type=int, default=16)
+    parser.add_argument("--max_new_tokens", type=int, default=None,
+                        help="The longest answer, in tokens (default: the fine-tuned model's training run's, from "
+                             "its saved settings; else 16).")
     parser.add_argument("--temperature", type=float, default=1.0, help="Temperature of the sampled decoding.")
     parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus top-p of the sampled decoding.")
     parser.add_argument("--greedy", action="store_true", help="Greedy decoding only (no sampled decoding).")
@@ -68,6 +73,23 @@ def parse_args(argv=None):
     return args
 
 
+def answer_length(finetune_path, prompts, args):
+    """The fine-tuned model's trained answer length (`trained_answer_length`, less the longest of these prompts
+    in its tokens where the run bounded prompt + answer), or DEFAULT_MAX_NEW_TOKENS for a folder without saved
+    settings."""
+    from utils.data.data_utils import tokenize_prompt
+    from utils.model.model_utils import load_tokenizer
+    from utils.model.save import read_training_settings, trained_answer_length
+
+    if not read_training_settings(finetune_path):
+        return DEFAULT_MAX_NEW_TOKENS
+    tokenizer = load_tokenizer(finetune_path, args.trust_remote_code)
+    longest = max((len(tokenize_prompt(tokenizer, prompt)) for prompt in prompts), default=0)
+    length = trained_answer_length(finetune_path, longest)
+    print(f"--max_new_tokens {length}: the answer length {finetune_path} was trained to", flush=True)
+    return length
+
+
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
@@ -79,6 +101,8 @@ def main(argv=None):
     else:
         prompts, checker = heldout_set(args.data_path, args.seed)
     prompts = prompts[:args.num_prompts]
+    if args.max_new_tokens is None:
+        args.max_new_tokens = answer_length(resolve_model_path(args.model_name_or_path_finetune), prompts, args)
     from utils.runtime.ds_utils import choose_dtype
     from utils.runtime.dist import quiet_transformers
 

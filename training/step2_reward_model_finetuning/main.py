@@ -91,7 +91,7 @@ def main(argv=None):
     metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
 
     # Save
-    save_run(engine, tokenizer, args, metrics, state.monitor, start_time)
+    save_run(engine, tokenizer, args, metrics, state, start_time)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,13 @@ import torch
 
 from utils.builtin import task
 from utils.data.data_utils import SampleCounter, pair_sample
+from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import load_reward_model, score_answers, score_sequences
+from utils.model.save import trained_sequence_length
 from utils.runtime.args import ArgumentParser, check_output_file
 from utils.runtime.errors import ConfigError, DataError, cli_entry
+
+DEFAULT_MAX_SEQ_LEN = 256  # for a folder without saved training settings
 
 EXAMPLES = (
     # (question, good answer, bad answer): the bad ones are near misses, answers that do not stop, wrong formats
@@ -58,9 +62,9 @@ def parse_args(argv=None):
     parser.add_argument("--num_examples", type=int, default=8,
                         help="Pairs or held-out prompts printed one by one (0: none); the default mode scores "
                              "this many of its 8 examples (0: all).")
-    parser.add_argument("--max_seq_len", type=int, default=256,
+    parser.add_argument("--max_seq_len", type=int, default=None,
                         help="Pairs longer than this (prompt + answer + EOS, in tokens) are skipped, as step 2 "
-                             "skips them.")
+                             "skips them (default: the model's training run's, from its saved settings; else 256).")
     parser.add_argument("--batch_size", type=int, default=32, help="Sequences scored together.")
     parser.add_argument("--seed", type=int, default=1234, help="Seed of the --heldout candidate answers.")
     parser.add_argument("--output_json", type=str, default=None, help="Write every score here.")
@@ -70,7 +74,7 @@ def parse_args(argv=None):
     if args.pairs_file and args.heldout:
         raise ConfigError("--pairs_file and --heldout are two different evaluations; pass one")
     for flag in ("num_examples", "max_seq_len", "batch_size"):
-        if getattr(args, flag) < (0 if flag == "num_examples" else 1):
+        if getattr(args, flag) is not None and getattr(args, flag) < (0 if flag == "num_examples" else 1):
             raise ConfigError(f"--{flag} must be positive, got {getattr(args, flag)}")
     check_output_file("--output_json", args.output_json)
     return args
@@ -242,7 +246,9 @@ def main(argv=None):
     model, tokenizer = load_reward_model(args.model_name_or_path, args.trust_remote_code)
     if torch.cuda.is_available():
         model.cuda()
-    print(f"reward model {args.model_name_or_path}")
+    if args.max_seq_len is None:
+        args.max_seq_len = trained_sequence_length(resolve_model_path(args.model_name_or_path)) or DEFAULT_MAX_SEQ_LEN
+    print(f"reward model {args.model_name_or_path} (--max_seq_len {args.max_seq_len})")
     if args.heldout:
         result = eval_heldout(model, tokenizer, args)
     elif args.pairs_file:

@@ -150,7 +150,7 @@ def main(argv=None):
     for name, model_engine in (("actor", engine.actor), ("critic", engine.critic), ("actor_ema", engine.actor_ema)):
         if model_engine is not None:
             save_hf_model(model_engine.module, tokenizer, f"{args.output_dir}/{name}",
-                          model_engine.zero_optimization_stage())
+                          model_engine.zero_optimization_stage(), settings=training_flags(args, step=3))
     metrics = summarize(history, evaluations, time.time() - start_time)
     metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps)
     if engine.critic is not None:

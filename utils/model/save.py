@@ -9,11 +9,14 @@ from utils.runtime.dist import barrier, is_rank_0
 from utils.runtime.errors import interrupts_deferred
 from utils.runtime.paths import honour_umask, make_temp_dir_beside, replace_dir
 
+TRAINING_SETTINGS = "training_settings.json"
+"""The flags that shaped a saved model's training (args.training_flags), saved with it: evaluation tools take
+their lengths from it."""
 # Files that belong to a saved model; anything else in an output folder (training.log, TensorBoard runs,
 # checkpoints) is the run's and survives a new save.
 MODEL_FILE_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
                        "*.bin", "*.bin.index.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
-                       "vocab*", "merges.txt", "chat_template*")
+                       "vocab*", "merges.txt", "chat_template*", TRAINING_SETTINGS)
 
 
 def gather_state_dict(module, zero_stage):
@@ -43,9 +46,12 @@ def gather_state_dict(module, zero_stage):
     return state_dict
 
 
-def save_hf_model(module, tokenizer, output_dir, zero_stage=0):
+def save_hf_model(module, tokenizer, output_dir, zero_stage=0, settings=None):
     """Write `module` (a transformers model, or a module with the same `save_pretrained(dir, state_dict=...)`)
-    and its tokenizer into `output_dir` as a Hugging Face folder. Every rank must call it (ZeRO-3 gathers)."""
+    and its tokenizer into `output_dir` as a Hugging Face folder, with the run's `settings` (the flags that shaped
+    its training) as TRAINING_SETTINGS if given. Every rank must call it (ZeRO-3 gathers)."""
+    import json
+
     state_dict = gather_state_dict(module, zero_stage)
     if is_rank_0():
         if has_lora(module):
@@ -53,7 +59,50 @@ def save_hf_model(module, tokenizer, output_dir, zero_stage=0):
         with atomic_dir(output_dir) as tmp:
             module.save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
+            if settings is not None:
+                (tmp / TRAINING_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
     barrier()
+
+
+def read_training_settings(folder):
+    """The TRAINING_SETTINGS of a model folder ({} where there are none: a base model, a hub name)."""
+    import json
+
+    from utils.runtime.errors import ConfigError
+
+    path = Path(folder) / TRAINING_SETTINGS
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path} cannot be read as JSON ({type(err).__name__})") from None
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return settings
+
+
+def trained_sequence_length(folder):
+    """The longest prompt + answer the model in `folder` was trained on, from its saved settings: --max_seq_len
+    (steps 1, 2, DPO), else --max_prompt_seq_len + --max_answer_seq_len (step 3); None without saved settings."""
+    settings = read_training_settings(folder)
+    if isinstance(settings.get("max_seq_len"), int):
+        return settings["max_seq_len"]
+    if isinstance(settings.get("max_prompt_seq_len"), int) and isinstance(settings.get("max_answer_seq_len"), int):
+        return settings["max_prompt_seq_len"] + settings["max_answer_seq_len"]
+    return None
+
+
+def trained_answer_length(folder, longest_prompt=0):
+    """The longest answer the model in `folder` was trained to write, from its saved settings: step 3's
+    --max_answer_seq_len, else --max_seq_len - longest_prompt (steps 1 and DPO fit prompt + answer in
+    --max_seq_len), at least 1; None for a folder without saved settings."""
+    settings = read_training_settings(folder)
+    if isinstance(settings.get("max_answer_seq_len"), int):
+        return settings["max_answer_seq_len"]
+    if isinstance(settings.get("max_seq_len"), int):
+        return max(1, settings["max_seq_len"] - longest_prompt)
+    return None
 
 
 class atomic_dir:

@@ -49,16 +49,18 @@ def step_engine(model, ds_config, args, train_loader, eval_loader, world_size, w
 class LoopState:
     """What a step keeps around its loop: where it is in the data (`position`), the `checkpointer` (resumed from
     with --resume: then `resumed` holds the checkpoint's state, else None), the TensorBoard `monitor` under
-    `run_name`, and the `throughput` meter. `step` names the step in the checkpoints' recorded flags."""
+    `run_name`, and the `throughput` meter. `flags` are the flags that shape training (`step` names the step),
+    recorded with each checkpoint and saved with the model."""
 
     def __init__(self, args, engine, train_loader, world_size, *, step, run_name):
         from utils.runtime.args import training_flags
         from utils.runtime.checkpoint import Checkpointer, TrainingPosition
         from utils.runtime.monitor import Monitor, Throughput
 
+        self.flags = training_flags(args, step=step)
         self.position = TrainingPosition(train_loader)
         self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
-                                         self.position, flags=training_flags(args, step=step))
+                                         self.position, flags=self.flags)
         self.resumed = self.checkpointer.resume() if args.resume else None
         self.monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, run_name)
         self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
@@ -134,17 +136,17 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
     return step
 
 
-def save_run(engine, tokenizer, args, metrics, monitor, start_time):
+def save_run(engine, tokenizer, args, metrics, state, start_time):
     """The end of a step: the run's totals added to `metrics`, TensorBoard closed, the model saved as a Hugging
-    Face folder in --output_dir with metrics.json beside it."""
+    Face folder in --output_dir with its training flags, and metrics.json beside it."""
     from utils.model.model_utils import count_parameters
     from utils.model.save import save_hf_model
     from utils.runtime.engine import write_metrics
 
     metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(engine.module),
                    wall_time_s=time.time() - start_time)
-    monitor.close()
-    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage)
+    state.monitor.close()
+    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags)
     write_metrics(args.output_dir, metrics)
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
 

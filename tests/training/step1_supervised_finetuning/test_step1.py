@@ -32,6 +32,8 @@ def assert_trained_actor(actor):
     metrics = json.loads((actor / "metrics.json").read_text())
     assert metrics["perplexity_after"] < metrics["perplexity_before"] / 2
     assert (actor / "model.safetensors").is_file() and (actor / "tokenizer.json").is_file()
+    settings = json.loads((actor / "training_settings.json").read_text())  # the evaluation tools' lengths
+    assert settings["step"] == 1 and settings["max_seq_len"] == 64
     assert "training.log" in os.listdir(actor)
     answer = run([sys.executable, "chat.py", "--path", str(actor), "--prompt", "What is 3 + 4?", "--greedy",
                   "--max_new_tokens", "8"])

@@ -163,9 +163,11 @@ def test_pairs_mode_prints_accuracy(reward_dir, tmp_path):
     rows[4]["rejected"] = " " + "and so on " * 40                    # longer than --max_seq_len: skipped
     pairs_file = tmp_path / "pairs.jsonl"
     pairs_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    # No --max_seq_len: the reward model's own training length (64, saved with it) applies.
     result = run(STEP_DIR / "rw_eval.py", "--model_name_or_path", reward_dir, "--pairs_file", pairs_file,
-                 "--max_seq_len", "64", "--num_examples", "2")
+                 "--num_examples", "2")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "(--max_seq_len 64)" in result.stdout
     assert "(skipped: 1 identical chosen and rejected, 1 longer than --max_seq_len)" in result.stdout
     assert len([line for line in result.stdout.splitlines() if line.startswith("' Human:")]) == 2
 

@@ -195,3 +195,36 @@ def test_saved_files_have_the_permissions_the_umask_gives(distributed, small_con
     files = [path for path in (tmp_path / "out").iterdir() if path.is_file()] + [tmp_path / "head.safetensors"]
     modes = {path.name: oct(stat.S_IMODE(path.stat().st_mode)) for path in files}
     assert "model.safetensors" in modes and set(modes.values()) == {"0o640"}, modes
+
+
+def test_saved_training_settings_give_the_evaluation_tools_their_lengths(base_dir, tiny_tokenizer, tmp_path):
+    from utils.model.save import (TRAINING_SETTINGS, read_training_settings, trained_answer_length,
+                                  trained_sequence_length)
+
+    engine = engine_for(base_dir, tiny_tokenizer, stage=0)
+    step1 = {"step": 1, "max_seq_len": 48, "learning_rate": 1e-3}
+    save_hf_model(engine.module, tiny_tokenizer, tmp_path / "step1", settings=step1)
+    assert read_training_settings(tmp_path / "step1") == step1
+    assert trained_sequence_length(tmp_path / "step1") == 48
+    assert trained_answer_length(tmp_path / "step1", longest_prompt=20) == 28  # prompt + answer fit in 48
+    assert trained_answer_length(tmp_path / "step1", longest_prompt=60) == 1
+    # A save without settings replaces the old ones whole (they belong to the model, not the run).
+    save_hf_model(engine.module, tiny_tokenizer, tmp_path / "step1")
+    assert not (tmp_path / "step1" / TRAINING_SETTINGS).exists()
+    assert read_training_settings(tmp_path / "step1") == {} and trained_answer_length(tmp_path / "step1") is None
+    step3 = {"step": 3, "max_prompt_seq_len": 32, "max_answer_seq_len": 12}
+    save_hf_model(engine.module, tiny_tokenizer, tmp_path / "actor", settings=step3)
+    assert trained_answer_length(tmp_path / "actor", longest_prompt=30) == 12
+    assert trained_sequence_length(tmp_path / "actor") == 44
+
+
+def test_unreadable_training_settings_are_one_config_error(tmp_path):
+    from utils.model.save import TRAINING_SETTINGS, read_training_settings
+    from utils.runtime.errors import ConfigError
+
+    (tmp_path / TRAINING_SETTINGS).write_text("{not json")
+    with pytest.raises(ConfigError, match=TRAINING_SETTINGS):
+        read_training_settings(tmp_path)
+    (tmp_path / TRAINING_SETTINGS).write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a JSON object"):
+        read_training_settings(tmp_path)
