@@ -45,14 +45,19 @@ def resolve_model_path(name_or_path):
 
 def read_model_config(folder):
     """A model folder's config.json as a dict; a ConfigError naming it if it is not a JSON object."""
-    path = Path(folder) / "config.json"
+    return read_json_object(Path(folder) / "config.json", "a model config")
+
+
+def read_json_object(path, what):
+    """The JSON object in the file `path` (`what` it should be, for the error) as a dict; a ConfigError naming the
+    file if it cannot be read or holds anything else."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise ConfigError(f"{path} cannot be read as JSON ({one_line_error(err)})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path} is not a model config (a JSON object), but a {type(config).__name__}")
-    return config
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} is not {what} (a JSON object), but a {type(value).__name__}")
+    return value
 
 
 def is_reward_model_folder(path):

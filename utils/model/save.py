@@ -66,20 +66,10 @@ def save_hf_model(module, tokenizer, output_dir, zero_stage=0, settings=None):
 
 def read_training_settings(folder):
     """The TRAINING_SETTINGS of a model folder ({} where there are none: a base model, a hub name)."""
-    import json
-
-    from utils.runtime.errors import ConfigError
+    from utils.model.model_utils import read_json_object
 
     path = Path(folder) / TRAINING_SETTINGS
-    if not path.is_file():
-        return {}
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{path} cannot be read as JSON ({type(err).__name__})") from None
-    if not isinstance(settings, dict):
-        raise ConfigError(f"{path} is not a JSON object")
-    return settings
+    return read_json_object(path, "a model's training settings") if path.is_file() else {}
 
 
 def trained_sequence_length(folder):

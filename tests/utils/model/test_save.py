@@ -226,5 +226,5 @@ def test_unreadable_training_settings_are_one_config_error(tmp_path):
     with pytest.raises(ConfigError, match=TRAINING_SETTINGS):
         read_training_settings(tmp_path)
     (tmp_path / TRAINING_SETTINGS).write_text("[1, 2]")
-    with pytest.raises(ConfigError, match="not a JSON object"):
+    with pytest.raises(ConfigError, match="is not a model's training settings"):
         read_training_settings(tmp_path)
