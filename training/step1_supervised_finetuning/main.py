@@ -11,7 +11,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
 import math
-import time
 
 import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
 # isort: split
@@ -55,8 +54,7 @@ def evaluate_perplexity(engine, eval_loader, device):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
-    start_time = time.time()
-    _, world_size, device = start_run(args)
+    start_time, world_size, device = start_run(args)
 
     # Data
     model_path = resolve_model_path(args.model_name_or_path)

@@ -215,8 +215,7 @@ def precompute_reference_logps(datasets, ref_path, tokenizer, collator, args, wo
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
-    start_time = time.time()
-    _, world_size, device = start_run(args)
+    start_time, world_size, device = start_run(args)
 
     # Data
     model_path = resolve_model_path(args.model_name_or_path)

@@ -54,8 +54,7 @@ def resolve_step_models(args):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
-    start_time = time.time()
-    _, world_size, device = start_run(args)
+    start_time, world_size, device = start_run(args)
 
     # Data
     actor_path, critic_path = resolve_step_models(args)

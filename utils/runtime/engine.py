@@ -80,18 +80,22 @@ def count_training_steps(batches_per_epoch, gradient_accumulation_steps, num_tra
 
 def start_run(args):
     """What every step does first: join the distributed world, settle the dtype, seed everything, quiet
-    transformers; print the dtype and the thread settings chosen, and why. Returns (rank, world_size, device)."""
+    transformers; print the dtype and the thread settings chosen, and why. Returns (start_time, world_size,
+    device): the run's wall clock starts here."""
+    import time
+
     from utils.runtime import threads
     from utils.runtime.ds_utils import training_dtype
     from utils.runtime.dist import init_distributed, print_rank_0, quiet_transformers, set_random_seed
 
-    rank, world_size, _, device = init_distributed()
+    start_time = time.time()
+    _, world_size, _, device = init_distributed()
     args.dtype, why = training_dtype(args.dtype)
     print_rank_0(f"dtype: {args.dtype} ({why})")
     print_rank_0(threads.describe())
     set_random_seed(args.seed)
     quiet_transformers()
-    return rank, world_size, device
+    return start_time, world_size, device
 
 
 def train_ds_config_from_args(args, world_size):
