@@ -46,7 +46,8 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the timed sections.")
     parser.add_argument("--models", nargs="+", default=None, choices=("tiny", "llama-100m"),
                         help="Models of step 1 and the MFU (default both; tiny with --quick).")
-    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS + OPT_IN_SECTIONS)
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS + OPT_IN_SECTIONS,
+                        help="Which measurements to run (default: all but threads, which runs only when named).")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (3 if args.quick else 7)
     args.warmup = 1 if args.warmup is None else args.warmup

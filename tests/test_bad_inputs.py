@@ -194,6 +194,11 @@ CASES = [
          ("--offload needs --actor_zero_stage and --critic_zero_stage",)),
     Case("step3 --only_optimize_lora without LoRA", "step3", [*STEP3, *MODELS, "--only_optimize_lora"],
          ("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim",)),
+    Case("step3 --deepspeed_config batch size against the flags", "step3",
+         [*STEP3, *MODELS, "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "4",
+          "--deepspeed_config", "{tmp}/ds_batch.json"],
+         ("--deepspeed_config {tmp}/ds_batch.json: train_batch_size 32 disagrees with the 4 of the flags "
+          "(--per_device_training_batch_size",)),
     Case("step3 fp16 on a CPU", "step3", [*STEP3, *MODELS, "--dtype", "fp16"], ("--dtype fp16 is not supported",)),
     Case("step3 reasoning-gym configuration the task refuses", "step3",
          [*STEP3, *MODELS, "--data_path", "reasoning_gym:chain_sum?min_terms=3&max_terms=2"],

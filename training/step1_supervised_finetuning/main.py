@@ -26,7 +26,7 @@ from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_outpu
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
                                   write_metrics)
-from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.errors import cli_entry
 from utils.runtime.monitor import Monitor, Throughput, format_scalars
 
 
@@ -41,8 +41,6 @@ def parse_args(argv=None):
     add_checkpoint_args(parser)
     args = parser.parse_args(argv)
     check_common_args(args)
-    if not args.output_dir:
-        raise ConfigError("--output_dir is required")
     return args
 
 

@@ -38,7 +38,8 @@ def parse_args(argv=None):
                              "spec, reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any "
                              "other data source (the prompts of its eval split, scored by --reward_model only).")
     parser.add_argument("--num_prompts", type=int, default=None, help="Use only the first N prompts.")
-    parser.add_argument("--max_new_tokens", type=int, default=16)
+    parser.add_argument("--max_new_tokens", type=int, default=16,
+                        help="The longest answer generated, in tokens; default %(default)s.")
     parser.add_argument("--temperature", type=float, default=1.0, help="Temperature of the sampled decoding.")
     parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus top-p of the sampled decoding.")
     parser.add_argument("--greedy", action="store_true", help="Greedy decoding only (no sampled decoding).")

@@ -76,8 +76,6 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     check_common_args(args)
     check_dpo_args(args)
-    if not args.output_dir:
-        raise ConfigError("--output_dir is required")
     return args
 
 

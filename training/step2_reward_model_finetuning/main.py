@@ -28,7 +28,7 @@ from utils.runtime.checkpoint import Checkpointer, TrainingPosition, claim_outpu
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.engine import (count_training_steps, start_run, train_ds_config_from_args, train_engine_from_args,
                                   write_metrics)
-from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.errors import cli_entry
 from utils.runtime.loop import train_loop
 from utils.runtime.monitor import Monitor, Throughput, format_scalars
 
@@ -47,8 +47,6 @@ def parse_args(argv=None):
     add_checkpoint_args(parser)
     args = parser.parse_args(argv)
     check_common_args(args)
-    if not args.output_dir:
-        raise ConfigError("--output_dir is required")
     return args
 
 
