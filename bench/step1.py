@@ -162,7 +162,8 @@ def measure_step1(model_name, repeats, warmup, num_batches=8):
     ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
     baseline = batch_runner(bare.train_step, batches, bare.model.config, steps)
     rates = paired_rates(with_peak_probe(ours, args.dtype, peaks["ours"]),
-                         with_peak_probe(baseline, args.dtype, peaks["baseline"]), repeats, warmup)
+                         with_peak_probe(baseline, args.dtype, peaks["baseline"]), repeats, warmup,
+                         desc=f"step 1 {model_name}")
     for side in ("ours", "baseline"):
         side_peaks = peaks[side][warmup:]
         rates[side]["mfu"] = [flops / peak for flops, peak in zip(rates[side]["flops"], side_peaks)]

@@ -10,6 +10,7 @@ import torch
 from utils.data.prompting import encode_prompt_text, format_turns
 from utils.model.model_utils import is_reward_model_folder, load_pretrained, load_tokenizer, resolve_model_path
 from utils.runtime.errors import ChatRLHFError, ConfigError
+from utils.runtime.progress import progress
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -102,14 +103,14 @@ def eos_token_ids(model, tokenizer):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_p=1.0, greedy=False,
-             batch_size=16, seed=None):
+             batch_size=16, seed=None, desc=None):
     """The answer to each prompt: only the new text, decoded without special tokens, cut at the first EOS.
 
     Sampling uses `temperature` and nucleus `top_p` only (no top-k, no repetition penalty, whatever the
     model's generation config says); `greedy` takes the arg-max instead. Prompts are sorted by length and
     batched `batch_size` at a time (less padding), and the answers returned in the prompts' order. With a
     `seed` the sampled answers are reproducible for the same prompts and batch size, and the global torch
-    random state is left as it was.
+    random state is left as it was. `desc`: the label of a progress bar over the batches (None: no bar).
     """
     from transformers import GenerationConfig
 
@@ -132,7 +133,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if seed is not None:
             torch.manual_seed(seed)
-        for start in range(0, len(order), batch_size):
+        for start in progress(range(0, len(order), batch_size), desc=desc, unit="batch", disable=desc is None):
             batch = order[start:start + batch_size]
             input_ids, attention_mask = _left_pad([token_ids[i] for i in batch], tokenizer.pad_token_id)
             output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),

@@ -28,6 +28,7 @@ from utils.runtime.engine import (count_training_steps, start_run, train_ds_conf
                                   write_metrics)
 from utils.runtime.errors import cli_entry
 from utils.runtime.monitor import Monitor, Throughput, format_scalars
+from utils.runtime.progress import eval_batches, progress
 
 
 def parse_args(argv=None):
@@ -50,7 +51,7 @@ def evaluate_perplexity(engine, eval_loader, device):
     loss_sum = torch.zeros((), device=device)
     token_count = torch.zeros((), device=device)
     with torch.no_grad():
-        for batch in eval_loader:
+        for batch in eval_batches(eval_loader):
             batch = to_device(batch, device)
             tokens = (batch["labels"][:, 1:] != -100).sum()
             loss_sum += engine(**batch, use_cache=False).loss.float() * tokens
@@ -128,12 +129,9 @@ def train_one_epoch(engine, batches, num_batches, device, args, epoch, monitor, 
                     save_checkpoint_if_due):
     """Train on `batches` ((micro_step, batch) pairs of this epoch) until the epoch or the run ends; after each
     optimizer step, `save_checkpoint_if_due(step)`."""
-    from tqdm import tqdm
-
     engine.train()
-    progress = tqdm(batches, total=num_batches, desc=f"epoch {epoch + 1}", disable=not _show_progress(),
-                    mininterval=2.0)
-    for micro_step, batch in progress:
+    bar = progress(batches, total=num_batches, desc=f"epoch {epoch + 1}", unit="batch")
+    for micro_step, batch in bar:
         if engine.global_steps >= total_steps:  # a run resumed from its last checkpoint has nothing left
             break
         batch = to_device(batch, device)
@@ -150,7 +148,7 @@ def train_one_epoch(engine, batches, num_batches, device, args, epoch, monitor, 
         if step % args.print_interval == 0 or step == total_steps:
             mean_loss = all_reduce_mean(loss.detach().float()).item()
             lr = engine.lr_scheduler.get_last_lr()[0]
-            progress.set_postfix(loss=f"{mean_loss:.4f}")
+            bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False)
             print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(loss=mean_loss, lr=lr)}")
             monitor.write(step, "train", loss=mean_loss, lr=lr, **throughput.report())
         save_checkpoint_if_due(step)
@@ -162,14 +160,6 @@ def _causal_lm_class():
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM
-
-
-def _show_progress():
-    import sys
-
-    from utils.runtime.dist import is_rank_0
-
-    return is_rank_0() and sys.stderr.isatty()
 
 
 if __name__ == "__main__":

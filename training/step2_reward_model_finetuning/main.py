@@ -31,6 +31,7 @@ from utils.runtime.engine import (count_training_steps, start_run, train_ds_conf
 from utils.runtime.errors import cli_entry
 from utils.runtime.loop import train_loop
 from utils.runtime.monitor import Monitor, Throughput, format_scalars
+from utils.runtime.progress import eval_batches
 
 
 def parse_args(argv=None):
@@ -55,9 +56,7 @@ def evaluate_reward(engine, eval_loader, device, eval_iters=0):
     engine.eval()
     totals = torch.zeros(4, device=device)  # correct, chosen score sum, rejected score sum, pairs
     with torch.no_grad():
-        for step, batch in enumerate(eval_loader):
-            if eval_iters and step >= eval_iters:
-                break
+        for batch in eval_batches(eval_loader, eval_iters):
             out = engine(**to_device(batch, device))
             chosen, rejected = out["chosen_end_scores"].float(), out["rejected_end_scores"].float()
             totals += torch.stack([(chosen > rejected).sum(), chosen.sum(), rejected.sum(),

@@ -18,6 +18,7 @@ from utils.model.save import load_safetensors, save_safetensors
 from utils.rl.losses import pairwise_loss
 from utils.rl.tokens import last_token_index
 from utils.runtime.errors import ConfigError
+from utils.runtime.progress import progress
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -103,16 +104,18 @@ def load_reward_model(name_or_path, trust_remote_code=False):
     return model.eval(), tokenizer
 
 
-def score_sequences(model, sequences, pad_token_id, batch_size=32):
+def score_sequences(model, sequences, pad_token_id, batch_size=32, desc=None):
     """End scores of token-id lists, right-padded in batches of `batch_size`, the model in eval mode and
-    without gradients (its training mode is restored afterwards)."""
+    without gradients (its training mode is restored afterwards). `desc`: the label of a progress bar over the
+    batches (None: no bar)."""
     was_training = model.training
     device = next(model.parameters()).device
     model.eval()
     scores = []
     try:
         with torch.no_grad():
-            for start in range(0, len(sequences), batch_size):
+            for start in progress(range(0, len(sequences), batch_size), desc=desc, unit="batch",
+                                  disable=desc is None):
                 chunk = sequences[start:start + batch_size]
                 _, end_scores = model.forward_value(pad_right(chunk, pad_token_id).to(device),
                                                     attention_mask_right(chunk).to(device))
@@ -122,11 +125,11 @@ def score_sequences(model, sequences, pad_token_id, batch_size=32):
     return scores
 
 
-def score_answers(model, tokenizer, prompts, answers, batch_size=32):
+def score_answers(model, tokenizer, prompts, answers, batch_size=32, desc=None):
     """The reward model's score of each answer to its prompt: prompt + answer + EOS, tokenized as step 2
     tokenizes its pairs (`tokenize_prompt`, `tokenize_answer`), scored at the last real token."""
     if len(prompts) != len(answers):
         raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
     sequences = [tokenize_prompt(tokenizer, prompt) + tokenize_answer(tokenizer, answer)
                  for prompt, answer in zip(prompts, answers)]
-    return score_sequences(model, sequences, tokenizer.pad_token_id, batch_size)
+    return score_sequences(model, sequences, tokenizer.pad_token_id, batch_size, desc)

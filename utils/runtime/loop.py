@@ -4,6 +4,7 @@ import time
 
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.monitor import format_scalars
+from utils.runtime.progress import progress
 
 
 def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, throughput, monitor, checkpointer,
@@ -18,6 +19,7 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
     """
     eval_interval = getattr(args, "eval_interval", 0)
     step = engine.global_steps
+    bar = progress(total=total_steps, initial=step, desc="train", unit="step")
     for epoch in position.epochs(args.num_train_epochs):
         for micro_step, batch in position.batches(epoch):
             if step >= total_steps:  # a run resumed from its last checkpoint has nothing left
@@ -33,9 +35,11 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
             if (micro_step + 1) % args.gradient_accumulation_steps != 0:
                 continue
             step = engine.global_steps
+            bar.update(1)
             if step % args.print_interval == 0 or step == total_steps:
                 scalars = {name: all_reduce_mean(value.detach().float()).item()
                            for name, value in {"loss": loss, **stats}.items()}
+                bar.set_postfix(loss=f"{scalars['loss']:.4f}", refresh=False)
                 print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(**scalars)}")
                 monitor.write(step, "train", **scalars, lr=engine.lr_scheduler.get_last_lr()[0],
                               **throughput.report())
@@ -46,4 +50,5 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
                 break
         if step >= total_steps:
             break
+    bar.close()
     return step
