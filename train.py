@@ -196,11 +196,12 @@ def step_command(args, stage, dirs):
 def stage_env():
     """The environment of every stage and of the evaluation. PYTHONHASHSEED is fixed (unless the user set it) so
     that data generators iterating over Python sets (a few reasoning-gym tasks) make the same questions in every
-    process: the verifier of step 3 and of the evaluation must find the questions the data set made."""
+    process: the verifier of step 3 and of the evaluation must find the questions the data set made. PYTHON is
+    this interpreter, for training/launch.sh."""
     # The `deepspeed` launcher of this interpreter's environment first, whatever PATH holds (a venv's python run by
     # its full path has its bin/ off PATH).
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {"PYTHONHASHSEED": "0", **os.environ, "PYTHONUNBUFFERED": "1", "PATH": path}
+    return {"PYTHONHASHSEED": "0", **os.environ, "PYTHONUNBUFFERED": "1", "PATH": path, "PYTHON": sys.executable}
 
 
 def run_stage(args, stage, command, out_dir):
