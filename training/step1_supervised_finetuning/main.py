@@ -154,6 +154,7 @@ def train_one_epoch(engine, batches, num_batches, device, args, epoch, monitor, 
         save_checkpoint_if_due(step)
         if step >= total_steps:
             break
+    bar.close()
 
 
 def _causal_lm_class():

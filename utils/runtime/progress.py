@@ -37,11 +37,10 @@ def eval_batches(loader, eval_iters=0):
 def log_line(file=None):
     """Print a line (to `file`, default stdout) inside this block: the bars are cleared first and redrawn after,
     so a line never lands in the middle of a bar (tqdm's external_write_mode)."""
-    if "tqdm" not in sys.modules:  # no bar can be shown: nothing to clear
+    tqdm = sys.modules["tqdm"].tqdm if "tqdm" in sys.modules else None
+    if tqdm is None or not getattr(tqdm, "_instances", None):  # no bar is shown: nothing to clear
         yield
         return
-    from tqdm import tqdm
-
     with tqdm.external_write_mode(file=file or sys.stdout):
         yield
 
