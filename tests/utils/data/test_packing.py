@@ -2,6 +2,7 @@
 labels per sample, and, on the real tiny model with real batches whose lengths vary, the same SFT loss and
 gradients, and the same reward-model scores, loss and gradients, as the padded batches give."""
 import json
+import os
 import random
 
 import pytest
@@ -181,3 +182,39 @@ def test_a_model_that_lets_packed_samples_see_each_other_is_refused(small_config
     check_keeps_samples_apart(AutoModelForCausalLM.from_config(small_config("llama")))
     with pytest.raises(ConfigError, match="--packing: OPTForCausalLM does not keep packed samples apart"):
         check_keeps_samples_apart(AutoModelForCausalLM.from_config(small_config("opt")))
+
+
+# --------------------------------------------------------------------------- the step mains, packed and padded
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_step_main_with_packing_measures_what_the_padded_run_measures(step, varied_data, tmp_path, one_thread,
+                                                                      distributed):
+    """Steps 1 and 2 run as their mains run (in this process), 2 optimizer steps on the varied data, packed and
+    padded: the eval figures before and after training (step 1's perplexity, step 2's mean scores and accuracy)
+    agree, so packing reaches the model, the loss and the evaluation the same way in both steps."""
+    from training.step1_supervised_finetuning import main as step1
+    from training.step2_reward_model_finetuning import main as step2
+
+    figures = {}
+    for packing in (False, True):
+        out = tmp_path / f"out_{packing}"
+        argv = ["--data_path", str(varied_data), "--data_split", "1,1,1", "--data_output_path",
+                str(tmp_path / "cache"), "--output_dir", str(out), "--max_steps", "2", "--dtype", "fp32",
+                "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_len",
+                str(MAX_SEQ_LEN)] + (["--packing"] if packing else [])
+        environment = dict(os.environ)  # a step's start-up sets RANK, MASTER_PORT...: later subprocesses must not
+        try:                             # inherit them
+            (step1 if step == 1 else step2).main(argv)
+        finally:
+            os.environ.clear()
+            os.environ.update(environment)
+        figures[packing] = json.loads((out / "metrics.json").read_text())
+    keys = [k for k in figures[False] if k.endswith(("_before", "_after"))]
+    assert len(keys) >= 2
+    assert figures[False]["optimizer_steps"] == figures[True]["optimizer_steps"] == 2
+    for key in keys:
+        assert figures[True][key] == pytest.approx(figures[False][key], rel=1e-4, abs=1e-5), key
+    before, after = ("perplexity_before", "perplexity_after") if step == 1 else ("score_diff_before",
+                                                                                 "score_diff_after")
+    assert figures[False][before] != figures[False][after]  # training moved what is compared
