@@ -2,12 +2,15 @@
 most `--max_seq_len` tokens as first-fit decreasing finds, instead of each in a row of its own padded to the
 batch's longest, so far fewer padding positions are computed.
 
-Each sample stays on its own: its position ids restart at 0, and the model is given no attention mask, which
-tells transformers (5.x, `masking_utils.find_packed_sequence_indices`) that a row is packed: wherever the
-position ids do not go up by one a new sample starts, and attention is causal within each sample only (under
-sdpa, eager and flash attention alike). The padding at a row's end has position 0 at every token, so each pad
-token is a sample of one that attends only to itself. No label crosses a sample boundary: a sample's first
-token, which the causal shift would make the target of the previous sample's last token, is labelled -100.
+Each sample stays on its own: its position ids restart at 0, and the model is given no attention mask and no
+cache (`use_cache=False`), which tells transformers (5.x, `masking_utils.find_packed_sequence_indices`) that a
+row is packed: wherever the position ids do not go up by one a new sample starts, and attention is causal within
+each sample only. Verified on Llama with sdpa and eager attention (an explicit 4-D block-diagonal mask works too,
+but costs a rows x W x W tensor per batch); with a cache, which a model makes by default, transformers skips the
+detection and the samples see each other, as they do in models that derive positions from the mask (OPT):
+`check_keeps_samples_apart` refuses those at start-up. The padding at a row's end has position 0 at every token,
+so each pad token is a sample of one that attends only to itself. No label crosses a sample boundary: a sample's
+first token, which the causal shift would make the target of the previous sample's last token, is labelled -100.
 
 A packed batch holds the same samples as the padded one (--per_device_train_batch_size of them, pairs in step
 2), so the loss, the optimizer steps and the learning-rate schedule are those of the unpacked run.
