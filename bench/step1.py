@@ -66,11 +66,12 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
 
 
 def engine_train_step(engine, batch):
-    """One micro-step of step 1's loop (`train_one_epoch`): forward, finiteness check, backward, step."""
+    """One micro-step of step 1's loop (`train_one_epoch`): forward, finiteness check, backward, step; the loss."""
     loss = engine(**batch, use_cache=False).loss
     assert_finite(loss, "the training loss")
     engine.backward(loss)
     engine.step()
+    return loss.detach()
 
 
 class BareTrainer:
@@ -114,7 +115,10 @@ class BareTrainer:
 
 def batch_runner(train_step, batches, config, steps):
     """`() -> (units, seconds)` running `steps` training steps on the next batches (cycling): units are the real
-    tokens and the FLOPs (DeepSpeed-Chat's formula on the padded batch) of those steps."""
+    tokens (of a padded or a packed batch: `batch_counts`) and the FLOPs (DeepSpeed-Chat's formula on the padded
+    batch) of those steps."""
+    from utils.data.packing import batch_counts
+
     stream = itertools.cycle(batches)
 
     def run():
@@ -124,7 +128,7 @@ def batch_runner(train_step, batches, config, steps):
             start = time.perf_counter()
             train_step(batch)
             seconds += time.perf_counter() - start
-            tokens += int(batch["attention_mask"].sum())
+            tokens += batch_counts(batch)[1]
             flops += training_flops(config, *batch["input_ids"].shape)
         return {"tokens": tokens, "flops": flops}, seconds
 

@@ -17,6 +17,7 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 import torch
 
 from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
+from utils.data.packing import DataCollatorPackedSFT, add_packing_args, check_keeps_samples_apart
 from utils.model.model_utils import count_parameters, create_hf_model, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
@@ -33,7 +34,7 @@ from utils.runtime.progress import eval_batches, progress
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_data_args(parser)
+    add_packing_args(add_data_args(parser))
     add_model_args(parser)
     add_training_args(parser)
     add_deepspeed_args(parser)
@@ -76,7 +77,8 @@ def main(argv=None):
     tokenizer = load_tokenizer(model_path, args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
                                                         1, args.seed, tokenizer, args.max_seq_len)
-    collator = DataCollatorSFT(tokenizer.pad_token_id)
+    collator = (DataCollatorPackedSFT(tokenizer.pad_token_id, args.max_seq_len) if args.packing
+                else DataCollatorSFT(tokenizer.pad_token_id))
     train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
     eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
 
@@ -87,6 +89,8 @@ def main(argv=None):
     total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
                                        args.max_steps)
     engine = train_engine_from_args(model, ds_config, args, total_steps)
+    if args.packing:
+        check_keeps_samples_apart(engine.module)
     print_rank_0(f"model {args.model_name_or_path}: {count_parameters(model) / 1e6:.2f}M parameters, "
                  f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
                  f"{len(eval_dataset)} eval samples; {total_steps} optimizer steps")
@@ -140,8 +144,7 @@ def train_one_epoch(engine, batches, num_batches, device, args, epoch, monitor, 
         assert_finite(loss, "the training loss")
         engine.backward(loss)
         engine.step()
-        throughput.add(time.perf_counter() - step_start, *batch["input_ids"].shape,
-                       int(batch["attention_mask"].sum()))
+        throughput.add_batch(time.perf_counter() - step_start, batch)
         if (micro_step + 1) % args.gradient_accumulation_steps != 0:
             continue
         step = engine.global_steps

@@ -18,6 +18,7 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 import torch
 
 from utils.data.data_utils import DataCollatorReward, create_prompt_dataset, make_dataloader
+from utils.data.packing import DataCollatorPackedReward, add_packing_args, check_keeps_samples_apart
 from utils.model.model_utils import count_parameters, load_tokenizer, resolve_model_path
 from utils.model.reward_model import RewardModel
 from utils.model.save import save_hf_model
@@ -36,7 +37,7 @@ from utils.runtime.progress import eval_batches
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_data_args(parser)
+    add_packing_args(add_data_args(parser))
     model = add_model_args(parser)
     model.add_argument("--num_padding_at_beginning", type=int, default=0,
                        help="DeepSpeed-Chat's flag for OPT-style tokenizers, recorded in the saved config. The "
@@ -82,7 +83,8 @@ def main(argv=None):
     tokenizer = load_tokenizer(model_path, args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
                                                         2, args.seed, tokenizer, args.max_seq_len)
-    collator = DataCollatorReward(tokenizer.pad_token_id)
+    collator = (DataCollatorPackedReward(tokenizer.pad_token_id, args.max_seq_len) if args.packing
+                else DataCollatorReward(tokenizer.pad_token_id))
     train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
     eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)
 
@@ -93,6 +95,8 @@ def main(argv=None):
     total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
                                        args.max_steps)
     engine = train_engine_from_args(model, ds_config, args, total_steps)
+    if args.packing:
+        check_keeps_samples_apart(engine.module.rwtransformer)
     print_rank_0(f"reward model on {args.model_name_or_path}: {count_parameters(model) / 1e6:.2f}M parameters, "
                  f"{args.dtype}, ZeRO-{args.zero_stage}, {world_size} process(es); {len(train_dataset)} train / "
                  f"{len(eval_dataset)} eval pairs; {total_steps} optimizer steps")

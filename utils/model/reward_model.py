@@ -67,17 +67,26 @@ class RewardModel(nn.Module):
     def enable_input_require_grads(self):
         self.rwtransformer.enable_input_require_grads()
 
-    def forward_value(self, input_ids, attention_mask, use_cache=False):
-        """Per-token values (batch, seq) and each row's end score: the value at its last real token."""
+    def forward_value(self, input_ids, attention_mask=None, use_cache=False, position_ids=None, sequence_ends=None):
+        """Per-token values (rows, seq) and each sequence's end score: the value at its last real token.
+
+        A padded batch (attention_mask) has one sequence per row, ending at the row's last real token. A packed
+        batch (utils/data/packing.py: position_ids restarting per sequence, no mask, no cache) has several per
+        row, the (row, column) of each one's last token in `sequence_ends`."""
+        if attention_mask is None:
+            outputs = self.rwtransformer(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            values = self.v_head(outputs[0]).squeeze(-1)
+            return values, values[sequence_ends[:, 0], sequence_ends[:, 1]]
         outputs = self.rwtransformer(input_ids=input_ids, use_cache=use_cache,
                                      **model_forward_kwargs(self.rwtransformer, attention_mask))
         values = self.v_head(outputs[0]).squeeze(-1)
         end_scores = values.gather(1, last_token_index(attention_mask).unsqueeze(1)).squeeze(1)
         return values, end_scores
 
-    def forward(self, input_ids, attention_mask, use_cache=False):
-        """A batch of chosen rows followed by as many rejected rows: the pairwise loss and both end scores."""
-        _, end_scores = self.forward_value(input_ids, attention_mask, use_cache)
+    def forward(self, input_ids, attention_mask=None, use_cache=False, position_ids=None, sequence_ends=None):
+        """A batch of chosen sequences followed by as many rejected ones (padded rows, or packed with their
+        `sequence_ends`): the pairwise loss and both end scores."""
+        _, end_scores = self.forward_value(input_ids, attention_mask, use_cache, position_ids, sequence_ends)
         chosen_scores, rejected_scores = end_scores.chunk(2)
         return {"loss": pairwise_loss(chosen_scores, rejected_scores),
                 "chosen_end_scores": chosen_scores, "rejected_end_scores": rejected_scores}

@@ -30,8 +30,7 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
             assert_finite(loss, what)
             engine.backward(loss)
             engine.step()
-            throughput.add(time.perf_counter() - step_start, *batch["input_ids"].shape,
-                           int(batch["attention_mask"].sum()))
+            throughput.add_batch(time.perf_counter() - step_start, batch)
             if (micro_step + 1) % args.gradient_accumulation_steps != 0:
                 continue
             step = engine.global_steps
