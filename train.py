@@ -89,7 +89,10 @@ def parse_args(argv=None):
                              "built-in task's checker), reasoning_gym, or package.module:function.")
     parser.add_argument("--step", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3],
                         help="Which of the algorithm's steps to run (1 SFT; 2 reward model or DPO; 3 RL).")
-    parser.add_argument("--deployment-type", choices=tuple(DEFAULT_ZERO_STAGE), default="single_gpu")
+    parser.add_argument("--deployment-type", choices=tuple(DEFAULT_ZERO_STAGE), default="single_gpu",
+                        help="Which training_scripts/<type>/run.sh launches each step: single_gpu (one process), "
+                             "single_node (every GPU of this machine; 2 CPU processes without one), multi_node "
+                             "(the hosts of --hostfile). Default single_gpu.")
     parser.add_argument("--actor-model", default="tiny", help="Base model of the actor: built-in name, hub name "
                                                               "or folder.")
     parser.add_argument("--reward-model", default="tiny", help="Base model of the reward model and critic.")
@@ -107,7 +110,9 @@ def parse_args(argv=None):
     parser.add_argument("--data-split", default=None,
                         help="Every stage's --data_split (default 2,4,4: step N trains on part N).")
     parser.add_argument("--seed", type=int, default=None, help="Every stage's --seed (each stage's default: 1234).")
-    parser.add_argument("--output-dir", default="./output")
+    parser.add_argument("--output-dir", default="./output",
+                        help="Where every step's model, log and the evaluation go, in DeepSpeed-Chat's layout "
+                             "(<output-dir>/actor-models/..., reward-models/...); default ./output.")
     parser.add_argument("--hostfile", default=None, help="multi_node: the DeepSpeed hostfile.")
     for step in (1, 2, 3):
         parser.add_argument(f"--step{step}-args", default="",
@@ -191,11 +196,12 @@ def step_command(args, stage, dirs):
 def stage_env():
     """The environment of every stage and of the evaluation. PYTHONHASHSEED is fixed (unless the user set it) so
     that data generators iterating over Python sets (a few reasoning-gym tasks) make the same questions in every
-    process: the verifier of step 3 and of the evaluation must find the questions the data set made."""
+    process: the verifier of step 3 and of the evaluation must find the questions the data set made. PYTHON is
+    this interpreter, for training/launch.sh."""
     # The `deepspeed` launcher of this interpreter's environment first, whatever PATH holds (a venv's python run by
     # its full path has its bin/ off PATH).
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {"PYTHONHASHSEED": "0", **os.environ, "PYTHONUNBUFFERED": "1", "PATH": path}
+    return {"PYTHONHASHSEED": "0", **os.environ, "PYTHONUNBUFFERED": "1", "PATH": path, "PYTHON": sys.executable}
 
 
 def run_stage(args, stage, command, out_dir):

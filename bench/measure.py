@@ -7,6 +7,8 @@ import time
 
 import torch
 
+from utils.runtime.progress import progress
+
 
 def summarize(values):
     """{"min", "median", "max", "n"} of a list of numbers."""
@@ -20,14 +22,17 @@ def timed(fn, *args, **kwargs):
     return result, time.perf_counter() - start
 
 
-def paired_rates(ours, baseline, repeats, warmup=1):
+def paired_rates(ours, baseline, repeats, warmup=1, desc=None):
     """Rates of `ours` and `baseline` (each `() -> ({unit: amount}, seconds)`) measured in alternation, and the
     ratio ours / baseline of each pair on the first unit, so a slow spell of the machine hits both sides of a
     ratio alike. The order inside a pair alternates too (ours first, then baseline first), so neither side always
-    runs on a warmer cache. Returns {"ours": {unit: [...]}, "baseline": {unit: [...]}, "ratio": [...]}."""
+    runs on a warmer cache. Returns {"ours": {unit: [...]}, "baseline": {unit: [...]}, "ratio": [...]}. `desc`:
+    the label of the progress bar over the pairs."""
+    bar = progress(total=warmup + repeats, desc=desc, unit="pair")
     for _ in range(warmup):
         ours()
         baseline()
+        bar.update(1)
     result = {"ours": {}, "baseline": {}, "ratio": []}
     for index in range(repeats):
         order = ("ours", "baseline") if index % 2 == 0 else ("baseline", "ours")
@@ -35,6 +40,8 @@ def paired_rates(ours, baseline, repeats, warmup=1):
             _append_rates(result[side], *(ours if side == "ours" else baseline)())
         first = next(iter(result["ours"]))
         result["ratio"].append(result["ours"][first][-1] / result["baseline"][first][-1])
+        bar.update(1)
+    bar.close()
     return result
 
 

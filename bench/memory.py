@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bench.worker import RESULT_PREFIX
 from utils.runtime.dist import free_port
+from utils.runtime.progress import progress
 
 ROOT = Path(__file__).resolve().parent.parent
 # A worker must start its own world, not join the bench's (a world of one it started in this process).
@@ -67,7 +68,8 @@ def finish_worker(process, config):
 
 def measure_memory(configs):
     """Peak RSS of each configuration, one after the other: {label: {"peak_rss_mb", "per_rank_mb"}}."""
-    return {config["label"]: finish_worker(start_worker(config), config) for config in configs}
+    return {config["label"]: finish_worker(start_worker(config), config)
+            for config in progress(configs, desc="memory", unit="run")}
 
 
 def memory_configs(zero_model, zero_stages, process_counts, steps=2, with_step3=True):

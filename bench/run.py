@@ -13,7 +13,9 @@ alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks 
   4. MFU: step 1's FLOP/s (DeepSpeed-Chat's formula) over the peak of a large matmul in the same dtype, measured
      just before each run (the peaks of fp32 and bf16 are both reported);
   5. peak RSS of step 1 and step 3, and of step 1 at ZeRO 0/1/2/3 with one and two processes;
-  6. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
+  6. step 1 training tokens/s with --packing against dynamic padding, on synthetic data of dialogue-like
+     lengths (bench/packing.py), and both runs' per-step losses (not in --quick);
+  7. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
      process, by thread count and OpenMP wait policy, and with what utils.runtime.threads picks.
 """
 import argparse
@@ -28,9 +30,10 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 import torch
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
-SECTIONS = ("step1", "rollout", "ppo", "memory")
+SECTIONS = ("step1", "rollout", "ppo", "memory", "packing")
+NOT_QUICK = ("packing",)
 OPT_IN_SECTIONS = ("threads",)
-TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_100m": 0.4, "busy_slowdown": 2.5}
+TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_100m": 0.4, "busy_slowdown": 2.5, "packing_ratio": 1.3}
 
 
 def parse_args(argv=None):
@@ -46,10 +49,13 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the timed sections.")
     parser.add_argument("--models", nargs="+", default=None, choices=("tiny", "llama-100m"),
                         help="Models of step 1 and the MFU (default both; tiny with --quick).")
-    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS + OPT_IN_SECTIONS)
+    parser.add_argument("--sections", nargs="+", default=None, choices=SECTIONS + OPT_IN_SECTIONS,
+                        help=f"Which measurements to run (default: {' '.join(SECTIONS)}, without "
+                             f"{' '.join(NOT_QUICK)} with --quick; {' '.join(OPT_IN_SECTIONS)} only when named).")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (3 if args.quick else 7)
     args.warmup = 1 if args.warmup is None else args.warmup
+    args.sections = args.sections or [s for s in SECTIONS if not (args.quick and s in NOT_QUICK)]
     args.models = args.models or (["tiny"] if args.quick else ["tiny", "llama-100m"])
     return args
 
@@ -72,6 +78,11 @@ def main(argv=None):
         results.update(run_step3(args))
     if "memory" in args.sections:
         results["memory"] = finish_memory(memory) if memory else run_memory(args)
+    if "packing" in args.sections:
+        from bench.packing import measure_packing
+
+        print("step 1: packing", flush=True)
+        results["packing"] = measure_packing(args.repeats, args.warmup)
     if "threads" in args.sections:
         from bench.threads import measure_threads
 
@@ -198,11 +209,21 @@ def format_report(results):
         lines.append(f"| step 3 rollout tokens/s, tiny (batch {r['batch_size']}, {r['max_new_tokens']} new) vs HF "
                      f"generate | {spread(r['ours']['tokens'])} | {spread(r['baseline']['tokens'])} | "
                      f"{spread(r['ratio'], digits=3)} | >= {TARGETS['rollout_ratio']} |")
+    if "packing" in results:
+        r = results["packing"]
+        lengths = r["lengths"]
+        lines.append(f"| step 1 train tokens/s, tiny {r['dtype']} --packing vs dynamic padding (batch "
+                     f"{r['batch_size']}, {lengths['min']}-{lengths['max']} tokens, median "
+                     f"{lengths['median']:.0f}, seq <= {r['max_seq_len']}) | {spread(r['ours']['tokens'])} | "
+                     f"{spread(r['baseline']['tokens'])} | {spread(r['ratio'], digits=3)} | "
+                     f">= {TARGETS['packing_ratio']} |")
     for model, r in results.get("mfu", {}).items():
         target = f">= {TARGETS['mfu_100m']:.0%}" if model == "llama-100m" else ""
         lines.append(f"| MFU, step 1 {model} {r['dtype']} (of the {r['dtype']} matmul peak, "
                      f"{spread(r['peak_flops'], 1e-9, 0)} GFLOP/s) | {spread(r['ours'], 100)} % | "
                      f"{spread(r['baseline'], 100)} % | | {target} |")
+    if "packing" in results:
+        lines += ["", format_packing(results["packing"])]
     if "ppo" in results:
         lines += ["", *format_ppo(results["ppo"])]
     if "memory" in results:
@@ -223,6 +244,15 @@ def format_ppo(ppo):
     for part, seconds in ppo["seconds"].items():
         lines.append(f"| {part} | {spread(seconds, digits=3)} | {ppo['share'][part]['median']:.1%} |")
     return lines
+
+
+def format_packing(packing):
+    """The losses of the packed and padded runs (which must agree) and the positions each computes."""
+    first, last, positions = packing["first_loss"], packing["last_loss"], packing["positions_per_batch"]
+    return (f"Packing: per-step losses of the packed and the padded run agree to {packing['max_loss_difference']:.2g} "
+            f"over {packing['steps']} steps (packed {first['ours']:.4f} -> {last['ours']:.4f}, padded "
+            f"{first['baseline']:.4f} -> {last['baseline']:.4f}); positions per batch: packed "
+            f"{positions['ours']:.0f}, padded {positions['baseline']:.0f}, for {positions['real']:.0f} real tokens.")
 
 
 def format_memory(memory):

@@ -65,11 +65,13 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
 
 
 def engine_train_step(engine, batch):
-    """One micro-step of step 1's loop (utils.runtime.loop.train_loop): forward, finiteness check, backward, step."""
+    """One micro-step of step 1's loop (utils.runtime.loop.train_loop): forward, finiteness check, backward, step;
+    the loss."""
     loss = engine(**batch, use_cache=False).loss
     assert_finite(loss, "the training loss")
     engine.backward(loss)
     engine.step()
+    return loss.detach()
 
 
 class BareTrainer:
@@ -113,7 +115,10 @@ class BareTrainer:
 
 def batch_runner(train_step, batches, config, steps):
     """`() -> (units, seconds)` running `steps` training steps on the next batches (cycling): units are the real
-    tokens and the FLOPs (DeepSpeed-Chat's formula on the padded batch) of those steps."""
+    tokens (of a padded or a packed batch: `batch_counts`) and the FLOPs (DeepSpeed-Chat's formula on the padded
+    batch) of those steps."""
+    from utils.data.packing import batch_counts
+
     stream = itertools.cycle(batches)
 
     def run():
@@ -123,7 +128,7 @@ def batch_runner(train_step, batches, config, steps):
             start = time.perf_counter()
             train_step(batch)
             seconds += time.perf_counter() - start
-            tokens += int(batch["attention_mask"].sum())
+            tokens += batch_counts(batch)[1]
             flops += training_flops(config, *batch["input_ids"].shape)
         return {"tokens": tokens, "flops": flops}, seconds
 
@@ -161,7 +166,8 @@ def measure_step1(model_name, repeats, warmup, num_batches=8):
     ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
     baseline = batch_runner(bare.train_step, batches, bare.model.config, steps)
     rates = paired_rates(with_peak_probe(ours, args.dtype, peaks["ours"]),
-                         with_peak_probe(baseline, args.dtype, peaks["baseline"]), repeats, warmup)
+                         with_peak_probe(baseline, args.dtype, peaks["baseline"]), repeats, warmup,
+                         desc=f"step 1 {model_name}")
     for side in ("ours", "baseline"):
         side_peaks = peaks[side][warmup:]
         rates[side]["mfu"] = [flops / peak for flops, peak in zip(rates[side]["flops"], side_peaks)]

@@ -8,6 +8,7 @@ import torch
 
 from bench.models import model_path, reward_model_path
 from training.recipes import recipe_flags
+from utils.runtime.progress import progress
 
 
 def step3_args(actor_path, critic_path, dtype="auto"):
@@ -90,7 +91,7 @@ def measure_rollout(trainer, args, tokenizer, batches, repeats, warmup):
     rates = paired_rates(
         rollout_runner(trainer.generate_sequence, batches, args.seed, tokenizer.eos_token_id, ours_out),
         rollout_runner(lambda p, m: plain_generate(baseline_model, args, tokenizer, p, m), batches, args.seed,
-                       tokenizer.eos_token_id, base_out), repeats, warmup)
+                       tokenizer.eos_token_id, base_out), repeats, warmup, desc="rollouts")
     trainer.actor.train()
     rates["same_tokens"] = all(torch.equal(a, b) for a, b in zip(ours_out, base_out))
     rates.update(batch_size=args.per_device_generation_batch_size, max_prompt_len=args.max_prompt_seq_len,
@@ -152,10 +153,10 @@ def measure_ppo(trainer, args, batches, repeats, warmup):
     timers = ExperienceTimers(trainer)
     shuffler = random.Random(args.seed)
     stream = itertools.cycle(batches)
-    for _ in range(warmup):
+    for _ in progress(range(warmup), desc="ppo warm-up", unit="step"):
         ppo_step(trainer, args, next(stream), timers, shuffler)
     result = {"seconds": {}, "share": {}, "samples_per_s": [], "step_seconds": []}
-    for _ in range(repeats):
+    for _ in progress(range(repeats), desc="ppo", unit="step"):
         parts, total = ppo_step(trainer, args, next(stream), timers, shuffler)
         for name, seconds in parts.items():
             result["seconds"].setdefault(name, []).append(seconds)

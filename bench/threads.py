@@ -8,6 +8,7 @@ import sys
 import time
 
 from bench.memory import start_worker, worker_result
+from utils.runtime.progress import log_line, progress
 
 # (label, OpenMP variables). GNU OpenMP, torch's on Linux, spins 300000 times (~3 ms) when no wait policy is set:
 # the "spinning" row sets that count explicitly, since utils.runtime.threads would otherwise add PASSIVE.
@@ -48,12 +49,16 @@ def measure_threads(repeats=1, steps=12, settings=SETTINGS):
     """{label: {"quiet": [s/step, ...], "busy": [...], "threads": {"quiet": line, "busy": line}}}, each setting run
     quiet and busy once per round, `repeats` rounds."""
     results = {label: {"quiet": [], "busy": [], "threads": {}} for label, _ in settings}
+    bar = progress(total=repeats * len(settings) * 2, desc="threads", unit="run")
     for round_index in range(repeats):
         for label, omp in settings:
             for busy in (False, True):
                 condition = "busy" if busy else "quiet"
-                print(f"threads: {label}, {condition} ({round_index + 1}/{repeats})", flush=True)
+                with log_line():
+                    print(f"threads: {label}, {condition} ({round_index + 1}/{repeats})", flush=True)
                 seconds, threads = run_setting(omp, busy, steps)
                 results[label][condition].append(seconds)
                 results[label]["threads"][condition] = threads
+                bar.update(1)
+    bar.close()
     return results

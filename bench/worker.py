@@ -17,9 +17,9 @@ RESULT_PREFIX = "BENCH_WORKER_RESULT "
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("step1", "step3"))
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
+    parser.add_argument("step", choices=("step1", "step3"), help="Train step 1 (SFT) or step 3 (PPO, tiny model).")
+    parser.add_argument("--model", default="tiny", help="A bench model of step 1 (bench/step1.py CASES).")
+    parser.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage of step 1.")
     parser.add_argument("--steps", type=int, default=2, help="Training steps (step 1) or PPO steps (step 3).")
     parser.add_argument("--local_rank", type=int, default=-1, help="Set by the deepspeed launcher.")
     return parser.parse_args(argv)

@@ -128,7 +128,8 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
         model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
         answers = {decoding: generate(model, tokenizer, model_prompts * rounds[decoding],
                                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                      greedy=decoding == "greedy", batch_size=batch_size, seed=seed)
+                                      greedy=decoding == "greedy", batch_size=batch_size, seed=seed,
+                                      desc=f"{name} {decoding}")
                    for decoding in decodings}
         del model, tokenizer  # a loaded model is freed before the next one (and before reward_fn runs)
         result = {}

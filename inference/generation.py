@@ -12,6 +12,7 @@ from utils.data.prompting import encode_prompt_text
 from utils.model.model_utils import check_model_kind, load_pretrained, load_tokenizer, resolve_model_path
 from utils.runtime.ds_utils import TORCH_DTYPES
 from utils.runtime.errors import ChatRLHFError, ConfigError
+from utils.runtime.progress import progress
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 NEUTRAL_PROCESSORS = dict(num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
@@ -96,14 +97,14 @@ def eos_token_ids(model, tokenizer):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_p=1.0, greedy=False,
-             batch_size=16, seed=None):
+             batch_size=16, seed=None, desc=None):
     """The answer to each prompt: only the new text, decoded without special tokens, cut at the first EOS.
 
     Sampling uses `temperature` and nucleus `top_p` only (no top-k, no repetition penalty, whatever the
     model's generation config says); `greedy` takes the arg-max instead. Prompts are sorted by length and
     batched `batch_size` at a time (less padding), and the answers returned in the prompts' order. With a
     `seed` the sampled answers are reproducible for the same prompts and batch size, and the global torch
-    random state is left as it was.
+    random state is left as it was. `desc`: the label of a progress bar over the batches (None: no bar).
     """
     from transformers import GenerationConfig
 
@@ -126,7 +127,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if seed is not None:
             torch.manual_seed(seed)
-        for start in range(0, len(order), batch_size):
+        for start in progress(range(0, len(order), batch_size), desc=desc, unit="batch", disable=desc is None):
             batch = order[start:start + batch_size]
             rows = [token_ids[i] for i in batch]
             input_ids, attention_mask = pad_left(rows, tokenizer.pad_token_id), attention_mask_left(rows)

@@ -123,6 +123,9 @@ CASES = [
          [*STEP1, "--data_path", "{tmp}/good", "--per_device_train_batch_size", "4", "--deepspeed_config",
           "{tmp}/ds_batch.json"], ("--deepspeed_config {tmp}/ds_batch.json: train_batch_size 32 disagrees with "
                                    "the 4 of the flags",)),
+    Case("step1 --packing with a model that lets packed samples see each other", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--packing", "--model_name_or_path", "{tmp}/opt"],
+         ("--packing: OPTForCausalLM does not keep packed samples apart", "drop --packing"), setup="opt model"),
     # step 1: the output folder
     Case("step1 --output_dir in use by another run", "step1", [*STEP1, "--data_path", "{tmp}/good"],
          ("--output_dir {out} is in use by another run (PID {pid}",), setup="lock out"),
@@ -153,6 +156,9 @@ CASES = [
     Case("step2 reasoning-gym task without reference answers", "step2",
          [*STEP2, "--data_path", "reasoning_gym:graph_color?size=20"],
          ("reasoning_gym:graph_color?size=20: no task here has reference answers",)),
+    Case("step2 --packing with a model that lets packed samples see each other", "step2",
+         [*STEP2, "--data_path", "{tmp}/good", "--packing", "--model_name_or_path", "{tmp}/opt"],
+         ("--packing: OPTModel does not keep packed samples apart",), setup="opt model"),
     # step 2, DPO
     Case("dpo reward model as the model", "dpo", [*STEP2, "--model_name_or_path", "{critic}"],
          ("{critic} is a reward model (step 2 output)",)),
@@ -194,6 +200,11 @@ CASES = [
          ("--offload needs --actor_zero_stage and --critic_zero_stage",)),
     Case("step3 --only_optimize_lora without LoRA", "step3", [*STEP3, *MODELS, "--only_optimize_lora"],
          ("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim",)),
+    Case("step3 --deepspeed_config batch size against the flags", "step3",
+         [*STEP3, *MODELS, "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "4",
+          "--deepspeed_config", "{tmp}/ds_batch.json"],
+         ("--deepspeed_config {tmp}/ds_batch.json: train_batch_size 32 disagrees with the 4 of the flags "
+          "(--per_device_training_batch_size",)),
     Case("step3 fp16 on a CPU", "step3", [*STEP3, *MODELS, "--dtype", "fp16"], ("--dtype fp16 is not supported",)),
     Case("step3 reasoning-gym configuration the task refuses", "step3",
          [*STEP3, *MODELS, "--data_path", "reasoning_gym:chain_sum?min_terms=3&max_terms=2"],
@@ -411,8 +422,22 @@ def write_broken_models(tmp, out, actor):
     (broken("gpt2config") / "config.json").write_text(json.dumps(gpt2))
 
 
+def write_opt_model(tmp, out, actor):
+    """tmp/opt: a small OPT (its attention ignores per-sample position ids) with the actor's tokenizer."""
+    from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(actor)
+    config = OPTConfig(vocab_size=len(tokenizer), hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                       num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=32,
+                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id)
+    OPTForCausalLM(config).save_pretrained(tmp / "opt")
+    tokenizer.save_pretrained(tmp / "opt")
+
+
 SETUPS = {"lock out": hold_lock, "checkpoint in out": make_checkpoint_in_out,
-          "actor in step3out": copy_actor_into_step3out, "broken models": write_broken_models}
+          "actor in step3out": copy_actor_into_step3out, "broken models": write_broken_models,
+          "opt model": write_opt_model}
 
 
 def unwritable_folder(tmp):

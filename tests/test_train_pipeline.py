@@ -1,7 +1,11 @@
 """Tests of train.py's stage table: which stages each algorithm runs, what each starts from, the flags every stage
-gets from the pipeline, and the closing evaluation's models. Commands are built in process (no launcher runs);
+gets from the pipeline, the closing evaluation's models, and the interpreter the run scripts use. Commands are
+built in process, or printed by `train.py --dry-run` (no launcher runs);
 tests/training/step1_supervised_finetuning/test_step1.py runs the real thing."""
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +98,23 @@ def test_critic_free_stage_takes_step_3_recipe_then_its_own():
 def test_a_reward_function_needs_a_critic_free_algorithm():
     with pytest.raises(ConfigError, match="--reward-fn needs a critic-free --algorithm"):
         train.parse_args(["--reward-fn", "builtin"])
+
+
+def test_run_scripts_use_the_interpreter_train_py_runs(tmp_path):
+    """train.py run by an interpreter whose folder has no `python` (as /usr/bin/python3.11 beside another version's
+    `python`), with a wrong `python` first on PATH: the run scripts still run train.py's own (PYTHON), so
+    launch.sh's thread probe works and its settings reach the launcher command."""
+    own, wrong = tmp_path / "own", tmp_path / "wrong"
+    own.mkdir(), wrong.mkdir()
+    (own / "chatrlhf-python").symlink_to(sys.executable)
+    for name in ("python", "python3"):
+        (wrong / name).write_text("#!/bin/sh\necho wrong python >&2\nexit 3\n")
+        (wrong / name).chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("OMP_", "GOMP_", "PYTHON"))}
+    env["PATH"] = os.pathsep.join([str(wrong), env["PATH"]])
+    result = subprocess.run([str(own / "chatrlhf-python"), "train.py", "--dry-run", "--step", "1", "--no-eval"],
+                            cwd=Path(train.__file__).parent, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "wrong python" not in result.stderr
+    assert result.stdout.startswith("OMP_NUM_THREADS="), result.stdout  # the probe ran
+    assert "deepspeed --num_gpus 1" in result.stdout

@@ -8,6 +8,8 @@
 #
 # OMP_NUM_THREADS (the idle CPUs this launch may use / processes) and OMP_WAIT_POLICY=PASSIVE are exported unless
 # already set: `python -m utils.runtime.threads` decides, as the python entry points do when started by hand.
+# PYTHON names the interpreter of the thread probe (default: `python` on PATH); train.py sets it to its own, the one
+# whose bin/ (and `deepspeed` launcher) it puts first on PATH.
 # MASTER_PORT picks the rendezvous port (default 29500 + a little randomness, so two runs can share a machine).
 # DRY_RUN=1 prints the launcher command instead of running it.
 
@@ -33,7 +35,7 @@ launch() {
         *) echo "error: unknown deployment type '$deployment' (single_gpu, single_node, multi_node)" >&2; return 2 ;;
     esac
     local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-    local exports; exports=$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" python3 -m utils.runtime.threads --processes "$procs")
+    local exports; exports=$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python}" -m utils.runtime.threads --processes "$procs")
     eval "$exports"
     local omp="" name
     for name in OMP_NUM_THREADS OMP_WAIT_POLICY GOMP_SPINCOUNT; do

@@ -17,17 +17,19 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 import torch
 
 from utils.data.data_utils import DataCollatorSFT
+from utils.data.packing import DataCollatorPackedSFT, check_keeps_samples_apart
 from utils.model.model_utils import create_hf_model, resolve_model_path
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import to_device
 from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import cli_entry
 from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
+from utils.runtime.progress import eval_batches
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_step_args(parser)
+    add_step_args(parser, packing=True)
     return parse_step_args(parser, argv)
 
 
@@ -38,7 +40,7 @@ def evaluate_perplexity(engine, eval_loader, device):
     loss_sum = torch.zeros((), device=device)
     token_count = torch.zeros((), device=device)
     with torch.no_grad():
-        for batch in eval_loader:
+        for batch in eval_batches(eval_loader):
             batch = to_device(batch, device)
             tokens = (batch["labels"][:, 1:] != -100).sum()
             loss_sum += engine(**batch, use_cache=False).loss.float() * tokens
@@ -59,7 +61,9 @@ def main(argv=None):
     # Data
     model_path = resolve_model_path(args.model_name_or_path)
     tokenizer, train_dataset, eval_dataset = step_data(args, 1, {"--model_name_or_path": model_path})
-    train_loader, eval_loader = make_loaders(args, train_dataset, eval_dataset, DataCollatorSFT(tokenizer.pad_token_id))
+    collator = (DataCollatorPackedSFT(tokenizer.pad_token_id, args.max_seq_len) if args.packing
+                else DataCollatorSFT(tokenizer.pad_token_id))
+    train_loader, eval_loader = make_loaders(args, train_dataset, eval_dataset, collator)
 
     # Model and engine
     from transformers import AutoModelForCausalLM
@@ -69,6 +73,8 @@ def main(argv=None):
                             args.trust_remote_code)
     engine, total_steps = step_engine(model, ds_config, args, train_loader, eval_loader, world_size,
                                       f"model {args.model_name_or_path}")
+    if args.packing:
+        check_keeps_samples_apart(engine.module)
 
     # Loop (resumed from the latest checkpoint with --resume): perplexity before training and after each epoch
     state = LoopState(args, engine, train_loader, world_size, step=1, run_name="step1_sft")

@@ -116,7 +116,7 @@ def main(argv=None):
         reward_model, reward_tokenizer = load_reward_model(args.reward_model, args.trust_remote_code)
 
         def reward_fn(prompts, answers):
-            return score_answers(reward_model, reward_tokenizer, prompts, answers, args.batch_size)
+            return score_answers(reward_model, reward_tokenizer, prompts, answers, args.batch_size, "reward")
 
     results = evaluate_models(models, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, greedy_only=args.greedy, seed=args.seed,

@@ -37,6 +37,7 @@ from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
+from utils.runtime.progress import eval_batches, progress
 
 
 def parse_args(argv=None):
@@ -144,9 +145,7 @@ def evaluate_preference(policy, reference, eval_loader, device, args):
     policy.eval()
     sums, pairs = {}, torch.zeros((), device=device)
     with torch.no_grad():
-        for step, batch in enumerate(eval_loader):
-            if args.eval_iters and step >= args.eval_iters:
-                break
+        for batch in eval_batches(eval_loader, args.eval_iters):
             batch = to_device(batch, device)
             loss, stats = preference_batch_loss(policy, reference, batch, args)
             count = batch["input_ids"].shape[0] // 2
@@ -182,7 +181,7 @@ def with_reference_logps(dataset, reference, collator, batch_size, device):
     distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
     share = list(DistributedSampler(dataset, shuffle=False)) if distributed else list(range(len(dataset)))
     rows = []
-    for start in range(0, len(share), batch_size):
+    for start in progress(range(0, len(share), batch_size), desc="reference log-probs", unit="batch"):
         indices = share[start:start + batch_size]
         batch = to_device(collator([dataset[i] for i in indices]), device)
         logps = reference_logps(reference, batch).double()

@@ -16,6 +16,7 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 import torch
 
 from utils.data.data_utils import DataCollatorReward
+from utils.data.packing import DataCollatorPackedReward, check_keeps_samples_apart
 from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import RewardModel
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
@@ -23,11 +24,12 @@ from utils.runtime.dist import to_device
 from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import cli_entry
 from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
+from utils.runtime.progress import eval_batches
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    groups = add_step_args(parser, default_lr=3e-4, eval_interval=True)
+    groups = add_step_args(parser, default_lr=3e-4, eval_interval=True, packing=True)
     model = groups["model"]
     model.add_argument("--num_padding_at_beginning", type=int, default=0,
                        help="DeepSpeed-Chat's flag for OPT-style tokenizers, recorded in the saved config. The "
@@ -40,9 +42,7 @@ def evaluate_reward(engine, eval_loader, device, eval_iters=0):
     engine.eval()
     totals = torch.zeros(4, device=device)  # correct, chosen score sum, rejected score sum, pairs
     with torch.no_grad():
-        for step, batch in enumerate(eval_loader):
-            if eval_iters and step >= eval_iters:
-                break
+        for batch in eval_batches(eval_loader, eval_iters):
             out = engine(**to_device(batch, device))
             chosen, rejected = out["chosen_end_scores"].float(), out["rejected_end_scores"].float()
             totals += torch.stack([(chosen > rejected).sum(), chosen.sum(), rejected.sum(),
@@ -64,8 +64,9 @@ def main(argv=None):
     # Data
     model_path = resolve_model_path(args.model_name_or_path)
     tokenizer, train_dataset, eval_dataset = step_data(args, 2, {"--model_name_or_path": model_path})
-    train_loader, eval_loader = make_loaders(args, train_dataset, eval_dataset,
-                                             DataCollatorReward(tokenizer.pad_token_id))
+    collator = (DataCollatorPackedReward(tokenizer.pad_token_id, args.max_seq_len) if args.packing
+                else DataCollatorReward(tokenizer.pad_token_id))
+    train_loader, eval_loader = make_loaders(args, train_dataset, eval_dataset, collator)
 
     # Model and engine
     ds_config = train_ds_config_from_args(args, world_size)
@@ -73,6 +74,8 @@ def main(argv=None):
                                         args.num_padding_at_beginning, args.trust_remote_code)
     engine, total_steps = step_engine(model, ds_config, args, train_loader, eval_loader, world_size,
                                       f"reward model on {args.model_name_or_path}", rows="pairs")
+    if args.packing:
+        check_keeps_samples_apart(engine.module.rwtransformer)
 
     # Loop (resumed from the latest checkpoint with --resume)
     state = LoopState(args, engine, train_loader, world_size, step=2, run_name="step2_reward")

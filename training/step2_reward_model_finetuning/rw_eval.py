@@ -138,8 +138,8 @@ def show(text, width=40):
 def eval_examples(model, tokenizer, args):
     examples = EXAMPLES[:args.num_examples] if args.num_examples else EXAMPLES
     prompts = [task.format_prompt(question) for question, _, _ in examples]
-    goods = score_answers(model, tokenizer, prompts, [good for _, good, _ in examples], args.batch_size)
-    bads = score_answers(model, tokenizer, prompts, [bad for _, _, bad in examples], args.batch_size)
+    goods = score_answers(model, tokenizer, prompts, [good for _, good, _ in examples], args.batch_size, "good")
+    bads = score_answers(model, tokenizer, prompts, [bad for _, _, bad in examples], args.batch_size, "bad")
     print(f"{'prompt':40}  {'good answer':14} {'score':>7}   {'bad answer':24} {'score':>7}  good > bad")
     results = []
     for prompt, (_, good, bad), good_score, bad_score in zip(prompts, examples, goods, bads):
@@ -165,9 +165,10 @@ def eval_pairs(model, tokenizer, args):
     print(counter.report())
     if not kept:
         raise DataError(f"{args.pairs_file}: no pair left to score (see the skipped counts above)")
-    chosen = score_sequences(model, [s["chosen_ids"] for _, s in kept], tokenizer.pad_token_id, args.batch_size)
+    chosen = score_sequences(model, [s["chosen_ids"] for _, s in kept], tokenizer.pad_token_id, args.batch_size,
+                             "chosen")
     rejected = score_sequences(model, [s["rejected_ids"] for _, s in kept], tokenizer.pad_token_id,
-                               args.batch_size)
+                               args.batch_size, "rejected")
     pairs = [dict(row, chosen_score=c, rejected_score=r) for (row, _), c, r in zip(kept, chosen, rejected)]
     if args.num_examples:
         print(f"{'prompt':40}  {'chosen':20} {'score':>7}   {'rejected':20} {'score':>7}  chosen > rejected")
@@ -192,7 +193,7 @@ def eval_heldout(model, tokenizer, args):
     prompts = [record["prompt"] for record, answers in groups for _ in answers]
     answers = [answer for _, group_answers in groups for answer in group_answers]
     checker = [task.score_answer(prompt, answer) for prompt, answer in zip(prompts, answers)]
-    rm = score_answers(model, tokenizer, prompts, answers, args.batch_size)
+    rm = score_answers(model, tokenizer, prompts, answers, args.batch_size, "score")
 
     by_skill, exact_by_skill, start, shown = {}, {}, 0, []
     for record, group_answers in groups:

@@ -4,8 +4,9 @@ import math
 
 from utils.rl.kl import KL_ESTIMATORS
 from utils.rl.losses import LOSS_AGG_MODES
-from utils.runtime.args import SCHEDULERS, ArgumentParser, add_checkpoint_args, add_data_args, check_common_args
-from utils.runtime.ds_utils import DTYPES
+from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
+                                add_logging_args, add_only_optimize_lora_arg, add_schedule_args,
+                                add_trust_remote_code_arg, check_common_args)
 from utils.runtime.errors import ConfigError
 
 ADVANTAGE_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_pp")
@@ -20,96 +21,156 @@ def uses_critic(args):
 def parse_args(argv=None):
     parser = ArgumentParser(description="Step 3: RLHF with PPO (or a critic-free estimator), from the step-1 actor "
                                         "and the step-2 reward model or a reward function.")
-    add_data_args(parser)
-    add = parser.add_argument
-    add("--unsupervised_dataset_name", type=str, default=None,
-        help="Plain text for the pretraining loss: 'builtin', a local .txt/.jsonl file, or a hub data set.")
-    add("--unsupervised_dataset_config_name", type=str, default=None)
-    add("--unsup_coef", type=float, default=27.8, help="Weight of the unsupervised loss (InstructGPT's gamma).")
-    add("--actor_model_name_or_path", type=str, required=True, help="The step-1 model.")
+    add_data_args(parser, default_max_seq_len=None)
+    add_model_args(parser)
+    add_batch_args(parser)
+    add_optimization_args(parser)
+    add_engine_args(parser)
+    add_lora_ema_args(parser)
+    add_ppo_args(parser)
+    add_critic_free_args(parser)
+    add_output_args(parser)
+    add_checkpoint_args(parser)
+    args = parser.parse_args(argv)
+    check_args(args)
+    return args
+
+
+def add_model_args(parser):
+    group = parser.add_argument_group("models")
+    add = group.add_argument
+    add("--actor_model_name_or_path", type=str, required=True,
+        help="The step-1 model (a folder, hub name or built-in name): the actor's start and the frozen reference.")
     add("--critic_model_name_or_path", type=str, default=None,
         help="The step-2 reward model: the reward model, and the critic's start with --advantage_estimator gae "
              "(needed then); optional for a critic-free estimator with --reward_fn.")
-    add("--num_padding_at_beginning", type=int, default=0)
-    add("--trust_remote_code", action="store_true")
-    # batches and lengths
+    add("--num_padding_at_beginning", type=int, default=0,
+        help="DeepSpeed-Chat's flag for OPT-style tokenizers (padding tokens a sequence starts with), passed to the "
+             "reward model and critic; the end score is found from the attention mask, so padding never moves it.")
+    add_trust_remote_code_arg(group)
+    add("--unsupervised_dataset_name", type=str, default=None,
+        help="Plain text for the pretraining loss: 'builtin', a local .txt/.jsonl file, or a hub data set.")
+    add("--unsupervised_dataset_config_name", type=str, default=None,
+        help="The configuration name of a hub --unsupervised_dataset_name (via the datasets library).")
+    add("--unsup_coef", type=float, default=27.8,
+        help="Weight of the unsupervised loss (gamma in Equation 2 of the InstructGPT paper).")
+
+
+def add_batch_args(parser):
+    add = parser.add_argument_group("batches and lengths").add_argument
     add("--per_device_generation_batch_size", type=int, default=16,
-        help="Prompts per batch; each is answered --num_samples_per_prompt times.")
-    add("--per_device_training_batch_size", type=int, default=16)
-    add("--generation_batches", type=int, default=1, help="Prompt batches of experience per PPO round.")
-    add("--ppo_epochs", type=int, default=1)
-    add("--max_prompt_seq_len", type=int, default=256)
-    add("--max_answer_seq_len", type=int, default=256)
-    add("--num_train_epochs", type=int, default=1)
-    add("--max_steps", type=int, default=0, help="Stop after this many prompt batches (0: all epochs).")
-    add("--gradient_accumulation_steps", type=int, default=1)
-    # optimisation
-    add("--actor_learning_rate", type=float, default=9.65e-6)
-    add("--critic_learning_rate", type=float, default=5e-6)
-    add("--actor_weight_decay", type=float, default=0.0)
-    add("--critic_weight_decay", type=float, default=0.0)
-    add("--lr_scheduler_type", type=str, default="cosine", choices=SCHEDULERS)
-    add("--num_warmup_steps", type=int, default=100)
-    add("--seed", type=int, default=1234)
-    # DeepSpeed and memory
-    add("--local_rank", type=int, default=-1)
+        help="Prompts per batch (per device) for generation; each is answered --num_samples_per_prompt times.")
+    add("--per_device_training_batch_size", type=int, default=16,
+        help="Mini-batch size (per device) of the PPO training passes, in answers; must divide the rollouts of a "
+             "prompt batch.")
+    add("--generation_batches", type=int, default=1,
+        help="Prompt batches of experience generated before each PPO round of training.")
+    add("--ppo_epochs", type=int, default=1, help="For generated experience, how many PPO training epochs to run.")
+    add("--max_prompt_seq_len", type=int, default=256,
+        help="The maximum prompt length in tokens (longer prompts are dropped from the data).")
+    add("--max_answer_seq_len", type=int, default=256, help="The maximum generated answer length in tokens.")
+
+
+def add_optimization_args(parser):
+    group = parser.add_argument_group("optimisation")
+    add = group.add_argument
+    add_schedule_args(group, default_warmup_steps=100, steps="prompt batches")
+    for model, lr in (("actor", 9.65e-6), ("critic", 5e-6)):
+        add(f"--{model}_learning_rate", type=float, default=lr,
+            help=f"Initial {model} learning rate (after the potential warmup period) to use; default %(default)s.")
+        add(f"--{model}_weight_decay", type=float, default=0.0, help=f"Weight decay of the {model} (AdamW's).")
+        add(f"--{model}_gradient_checkpointing", action="store_true",
+            help=f"Enable HF gradient checkpointing for the {model}: less memory for more time.")
+    add("--actor_dropout", type=float, default=0.0,
+        help="Dropout of actor and reference (default 0: off, as PPO wants experience and training to see the "
+             "same function).")
+    add("--critic_dropout", type=float, default=0.0, help="Dropout of critic and reward model (default 0: off).")
+
+
+def add_engine_args(parser):
+    group = add_deepspeed_args(
+        parser, zero_stages={"--actor_zero_stage": "ZeRO optimization stage of the actor (and of its clones, the "
+                                                   "reference and the EMA): 0 to 3.",
+                             "--critic_zero_stage": "ZeRO optimization stage of the critic (and of the reward "
+                                                    "model): 0 to 3."},
+        config_applies_to="both trained engines, the actor's and the critic's (the frozen reference, reward and "
+                          "EMA models keep their inference configs)")
+    add = group.add_argument
     add("--enable_hybrid_engine", action="store_true",
         help="Actor as a DeepSpeedHybridEngine (inference kernels for generation on CUDA; native generate on CPU).")
-    add("--unpin_actor_parameters", action="store_true")
-    add("--release_inference_cache", action="store_true")
-    add("--inference_tp_size", type=int, default=1)
-    add("--tp_gather_partition_size", type=int, default=8)
-    add("--offload", action="store_true")
-    add("--offload_reference_model", action="store_true")
-    add("--offload_reward_model", action="store_true")
-    add("--dtype", type=str, default="auto", choices=DTYPES)
-    add("--actor_zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
-    add("--critic_zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
-    add("--actor_gradient_checkpointing", action="store_true")
-    add("--critic_gradient_checkpointing", action="store_true")
-    add("--actor_dropout", type=float, default=0.0, help="Dropout of actor and reference (0: off, as PPO wants).")
-    add("--critic_dropout", type=float, default=0.0, help="Dropout of critic and reward model.")
-    # LoRA
-    add("--actor_lora_dim", type=int, default=0)
-    add("--actor_lora_module_name", type=str, default="layers.")
-    add("--critic_lora_dim", type=int, default=0)
-    add("--critic_lora_module_name", type=str, default="layers.")
-    add("--only_optimize_lora", action="store_true")
-    add("--actor_lora_learning_rate", type=float, default=5e-4)
-    add("--critic_lora_learning_rate", type=float, default=5e-4)
+    add("--unpin_actor_parameters", action="store_true",
+        help="Hybrid engine: unpin the actor's parameters during generation (slower generation, less memory).")
+    add("--release_inference_cache", action="store_true",
+        help="Hybrid engine: release the memory cache used for inference after each generation (slower "
+             "preparation, room for larger batches).")
+    add("--inference_tp_size", type=int, default=1,
+        help="Hybrid engine: tensor-parallelism degree of generation (> 1 needs --actor_zero_stage 3).")
+    add("--tp_gather_partition_size", type=int, default=8,
+        help="Hybrid engine: layers gathered at a time for tensor-parallel generation (with --inference_tp_size "
+             "> 1).")
+    add("--offload_reference_model", action="store_true",
+        help="Enable ZeRO Offload for the frozen reference model: its parameters on the CPU.")
+    add("--offload_reward_model", action="store_true",
+        help="Enable ZeRO Offload for the frozen reward model: its parameters on the CPU.")
+
+
+def add_lora_ema_args(parser):
+    group = parser.add_argument_group("LoRA and EMA")
+    add = group.add_argument
+    for model in ("actor", "critic"):
+        add(f"--{model}_lora_dim", type=int, default=0, help=f"LoRA rank of the {model}; 0 disables LoRA.")
+        add(f"--{model}_lora_module_name", type=str, default="layers.",
+            help=f"The scope of the {model}'s LoRA: comma-separated parts of the names of the linear layers it "
+                 "wraps.")
+        add(f"--{model}_lora_learning_rate", type=float, default=5e-4,
+            help=f"Initial {model} LoRA learning rate (after the potential warmup period) to use.")
+    add_only_optimize_lora_arg(group)
     add("--enable_ema", action="store_true", help="Keep an exponential moving average of the actor (actor_ema/).")
-    add("--ema_beta", type=float, default=0.992)
-    # PPO
+    add("--ema_beta", type=float, default=0.992,
+        help="EMA decay: after each actor step, ema <- beta x ema + (1 - beta) x actor.")
+
+
+def add_ppo_args(parser):
+    add = parser.add_argument_group("PPO").add_argument
     add("--temperature", type=float, default=1.0, help="Sampling temperature of rollouts and of their log-probs.")
-    add("--top_p", type=float, default=1.0, help="Nucleus sampling of rollouts.")
+    add("--top_p", type=float, default=1.0, help="Nucleus sampling of rollouts (1: off).")
     add("--generation_backend", type=str, default="native", choices=("native", "hf"),
         help="Rollout sampler: native (inference/sampling.py: a KV-cache loop that drops finished rows, runs a "
              "shared prompt prefix once and draws one uniform per row; faster on CPU) or hf (Hugging Face "
              "generate). Models whose forward takes no position_ids always use hf.")
     add("--kl_coef", type=float, default=0.1, help="KL penalty coefficient (initial value if adaptive).")
-    add("--kl_estimator", type=str, default="k1", choices=("k1", "k2", "k3"))
+    add("--kl_estimator", type=str, default="k1", choices=KL_ESTIMATORS,
+        help="Per-token estimate of KL(actor || reference) in the reward penalty (Schulman's k1, k2, k3; "
+             "utils/rl/kl.py); default k1, log-prob difference.")
     add("--adaptive_kl_target", type=float, default=0.0,
         help="Target KL (nats per sequence) of the adaptive KL controller; 0 keeps --kl_coef fixed.")
-    add("--adaptive_kl_horizon", type=float, default=10000)
+    add("--adaptive_kl_horizon", type=float, default=10000,
+        help="Adaptive KL controller's horizon, in samples: the coefficient moves by at most 20%% per horizon.")
     add("--reward_clip", type=float, default=5.0, help="Clip the score to [-c, c] (0: no clipping).")
     add("--normalize_reward", action=argparse.BooleanOptionalAction, default=None,
         help="Normalise scores by the running mean and std of all scores seen (default: on with gae, off for the "
              "critic-free estimators, which normalise by their own baseline).")
-    add("--whiten_advantages", action=argparse.BooleanOptionalAction, default=True, help="GAE's advantages.")
+    add("--whiten_advantages", action=argparse.BooleanOptionalAction, default=True,
+        help="Whiten GAE's advantages over the batch (mean 0, std 1); default on.")
     add("--missing_eos_penalty", type=float, default=1.0,
         help="Subtracted from the score of an answer that never emits EOS (0: none).")
     add("--critic_warmup_steps", type=int, default=0, help="PPO rounds that train the critic only.")
-    add("--cliprange", type=float, default=0.2)
+    add("--cliprange", type=float, default=0.2,
+        help="PPO's clip of the probability ratio of the actor to [1 - c, 1 + c].")
     add("--cliprange_low", type=float, default=None, help="Lower clip of the ratio, 1 - this (default --cliprange).")
     add("--cliprange_high", type=float, default=None,
         help="Upper clip of the ratio, 1 + this (default --cliprange); larger: DAPO's clip-higher (e.g. 0.28).")
     add("--loss_agg_mode", type=str, default="token_mean", choices=LOSS_AGG_MODES,
         help="How per-token losses are averaged: over all tokens, or per answer (summed or averaged) then over "
              "answers (utils/rl/losses.py aggregate_loss).")
-    add("--cliprange_value", type=float, default=0.2)
-    add("--gamma", type=float, default=1.0)
-    add("--lam", type=float, default=0.95)
-    # critic-free estimators and reward functions
+    add("--cliprange_value", type=float, default=0.2,
+        help="Clip of the critic's new values to within c of the old ones in the value loss.")
+    add("--gamma", type=float, default=1.0, help="GAE's discount factor per token.")
+    add("--lam", type=float, default=0.95, help="GAE's lambda (bias-variance trade-off of the advantages).")
+
+
+def add_critic_free_args(parser):
+    add = parser.add_argument_group("critic-free estimators and reward functions").add_argument
     add("--advantage_estimator", type=str, default="gae", choices=ADVANTAGE_ESTIMATORS,
         help="gae: PPO with a critic; grpo, rloo: group baselines over --num_samples_per_prompt answers; "
              "reinforce_pp: REINFORCE++ (KL in the reward, batch-whitened returns). Only gae creates a critic.")
@@ -119,8 +180,9 @@ def parse_args(argv=None):
     add("--use_kl_loss", action="store_true",
         help="The KL to the reference as a loss term (--kl_loss_coef x --kl_loss_estimator) instead of a penalty "
              "in the reward (--kl_coef).")
-    add("--kl_loss_coef", type=float, default=0.001)
-    add("--kl_loss_estimator", type=str, default="k3", choices=KL_ESTIMATORS)
+    add("--kl_loss_coef", type=float, default=0.001, help="Weight of the KL loss term of --use_kl_loss.")
+    add("--kl_loss_estimator", type=str, default="k3", choices=KL_ESTIMATORS,
+        help="Per-token KL estimate of --use_kl_loss (default k3: unbiased and never negative).")
     add("--filter_zero_variance", action="store_true",
         help="Drop from the loss the groups whose answers all got the same score (DAPO's dynamic sampling); "
              "their count is logged as zero_variance_groups.")
@@ -135,22 +197,21 @@ def parse_args(argv=None):
     add("--reward_fn_weight", type=float, default=1.0,
         help="The end score is reward_fn_weight x the reward function's score + reward_model_weight x the "
              "reward model's, of those given.")
-    add("--reward_model_weight", type=float, default=1.0)
+    add("--reward_model_weight", type=float, default=1.0,
+        help="Weight of the reward model's score in the end score (see --reward_fn_weight).")
     add("--eval_interval", type=int, default=0,
         help="Every N steps (and before the first and after the last) score the actor on held-out prompts, "
              "sampled and greedy: the built-in task's with its checker, else the data's eval split (0: never).")
     add("--eval_prompts", type=int, default=100, help="How many held-out prompts --eval_interval scores.")
-    # output
-    add("--output_dir", type=str, required=True)
-    add("--enable_tensorboard", action="store_true")
-    add("--tensorboard_path", type=str, default="step3_tensorboard")
-    add("--print_answers", action="store_true")
-    add("--print_answers_interval", type=int, default=10)
-    add("--print_interval", type=int, default=1)
-    add_checkpoint_args(parser)
-    args = parser.parse_args(argv)
-    check_args(args)
-    return args
+
+
+def add_output_args(parser):
+    group = add_logging_args(parser, default_tensorboard_path="step3_tensorboard", default_print_interval=1,
+                             steps="prompt batches")
+    group.add_argument("--print_answers", action="store_true",
+                       help="Print a prompt and its sampled answer during training.")
+    group.add_argument("--print_answers_interval", type=int, default=10,
+                       help="If --print_answers enabled, print every this many prompt batches.")
 
 
 def check_args(args):

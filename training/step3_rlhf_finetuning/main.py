@@ -38,6 +38,7 @@ from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.engine import start_run, write_metrics
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.monitor import Monitor, format_scalars
+from utils.runtime.progress import progress
 
 
 def resolve_step_models(args):
@@ -114,6 +115,7 @@ def main(argv=None):
     monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step3_ppo")
     if eval_prompts and not resumed:
         evaluations.append(evaluate(trainer, eval_prompts, step, monitor))
+    bar = progress(total=total_steps, initial=step, desc="ppo", unit="prompt batch")
     for epoch in position.epochs(args.num_train_epochs):
         for _, batch in position.batches(epoch):
             if step >= total_steps:
@@ -122,6 +124,7 @@ def main(argv=None):
             experiences.append(trainer.generate_experience(batch["prompt"], batch["prompt_att_mask"],
                                                            batch["prompt_text"]))
             step += 1
+            bar.update(1)
             if len(experiences) < args.generation_batches:
                 continue
             stats = trainer.train_round(experiences, unsup_batches, shuffler,
@@ -143,6 +146,7 @@ def main(argv=None):
                 "history": history, "evaluations": evaluations, "trainer": trainer.state_dict(),
                 "shuffler": python_random_state(shuffler),
                 "unsup_batches_drawn": unsup_batches.drawn if unsup_batches is not None else 0})
+    bar.close()
     monitor.close()
 
     # Save

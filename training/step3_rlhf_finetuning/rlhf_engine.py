@@ -17,7 +17,7 @@ from training.step3_rlhf_finetuning.arguments import uses_critic
 from utils.model.reward_model import RewardModel
 from utils.rl.frozen import frozen_causal_lm, frozen_ds_config, frozen_reward_model
 from utils.runtime.dist import print_rank_0
-from utils.runtime.ds_utils import get_train_ds_config
+from utils.runtime.ds_utils import get_train_ds_config, merge_user_ds_config
 from utils.runtime.engine import init_train_engine, prepare_trainable
 
 
@@ -57,14 +57,16 @@ class DeepSpeedRLHFEngine:
         self.reward = self._init_reward(critic_path) if critic_path else None
 
     def _train_config(self, stage, offload, hybrid=False):
+        """The DeepSpeed config of a trained engine (actor or critic), with the user's --deepspeed_config on top."""
         args = self.args
-        return get_train_ds_config(
+        config = get_train_ds_config(
             micro_batch_size=args.per_device_training_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, world_size=self.world_size,
             dtype=args.dtype, stage=stage, offload=offload, enable_hybrid_engine=hybrid,
             inference_tp_size=args.inference_tp_size, release_inference_cache=args.release_inference_cache,
             pin_parameters=not args.unpin_actor_parameters, tp_gather_partition_size=args.tp_gather_partition_size,
             max_out_tokens=args.max_prompt_seq_len + args.max_answer_seq_len)
+        return merge_user_ds_config(config, args.deepspeed_config, batch_flag="--per_device_training_batch_size")
 
     def _frozen_config(self, trained_stage, offload):
         return frozen_ds_config(trained_stage=trained_stage, offload=offload, world_size=self.world_size,

@@ -18,6 +18,7 @@ from utils.model.save import load_safetensors, save_safetensors
 from utils.rl.losses import pairwise_loss
 from utils.rl.tokens import last_token_index
 from utils.runtime.errors import ConfigError
+from utils.runtime.progress import progress
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -66,17 +67,26 @@ class RewardModel(nn.Module):
     def enable_input_require_grads(self):
         self.rwtransformer.enable_input_require_grads()
 
-    def forward_value(self, input_ids, attention_mask, use_cache=False):
-        """Per-token values (batch, seq) and each row's end score: the value at its last real token."""
+    def forward_value(self, input_ids, attention_mask=None, use_cache=False, position_ids=None, sequence_ends=None):
+        """Per-token values (rows, seq) and each sequence's end score: the value at its last real token.
+
+        A padded batch (attention_mask) has one sequence per row, ending at the row's last real token. A packed
+        batch (utils/data/packing.py: position_ids restarting per sequence, no mask, no cache) has several per
+        row, the (row, column) of each one's last token in `sequence_ends`."""
+        if attention_mask is None:
+            outputs = self.rwtransformer(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            values = self.v_head(outputs[0]).squeeze(-1)
+            return values, values[sequence_ends[:, 0], sequence_ends[:, 1]]
         outputs = self.rwtransformer(input_ids=input_ids, use_cache=use_cache,
                                      **model_forward_kwargs(self.rwtransformer, attention_mask))
         values = self.v_head(outputs[0]).squeeze(-1)
         end_scores = values.gather(1, last_token_index(attention_mask).unsqueeze(1)).squeeze(1)
         return values, end_scores
 
-    def forward(self, input_ids, attention_mask, use_cache=False):
-        """A batch of chosen rows followed by as many rejected rows: the pairwise loss and both end scores."""
-        _, end_scores = self.forward_value(input_ids, attention_mask, use_cache)
+    def forward(self, input_ids, attention_mask=None, use_cache=False, position_ids=None, sequence_ends=None):
+        """A batch of chosen sequences followed by as many rejected ones (padded rows, or packed with their
+        `sequence_ends`): the pairwise loss and both end scores."""
+        _, end_scores = self.forward_value(input_ids, attention_mask, use_cache, position_ids, sequence_ends)
         chosen_scores, rejected_scores = end_scores.chunk(2)
         return {"loss": pairwise_loss(chosen_scores, rejected_scores),
                 "chosen_end_scores": chosen_scores, "rejected_end_scores": rejected_scores}
@@ -101,16 +111,18 @@ def load_reward_model(name_or_path, trust_remote_code=False):
     return model.eval(), tokenizer
 
 
-def score_sequences(model, sequences, pad_token_id, batch_size=32):
+def score_sequences(model, sequences, pad_token_id, batch_size=32, desc=None):
     """End scores of token-id lists, right-padded in batches of `batch_size`, the model in eval mode and
-    without gradients (its training mode is restored afterwards)."""
+    without gradients (its training mode is restored afterwards). `desc`: the label of a progress bar over the
+    batches (None: no bar)."""
     was_training = model.training
     device = next(model.parameters()).device
     model.eval()
     scores = []
     try:
         with torch.no_grad():
-            for start in range(0, len(sequences), batch_size):
+            for start in progress(range(0, len(sequences), batch_size), desc=desc, unit="batch",
+                                  disable=desc is None):
                 chunk = sequences[start:start + batch_size]
                 _, end_scores = model.forward_value(pad_right(chunk, pad_token_id).to(device),
                                                     attention_mask_right(chunk).to(device))
@@ -120,11 +132,11 @@ def score_sequences(model, sequences, pad_token_id, batch_size=32):
     return scores
 
 
-def score_answers(model, tokenizer, prompts, answers, batch_size=32):
+def score_answers(model, tokenizer, prompts, answers, batch_size=32, desc=None):
     """The reward model's score of each answer to its prompt: prompt + answer + EOS, tokenized as step 2
     tokenizes its pairs (`tokenize_prompt`, `tokenize_answer`), scored at the last real token."""
     if len(prompts) != len(answers):
         raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
     sequences = [tokenize_prompt(tokenizer, prompt) + tokenize_answer(tokenizer, answer)
                  for prompt, answer in zip(prompts, answers)]
-    return score_sequences(model, sequences, tokenizer.pad_token_id, batch_size)
+    return score_sequences(model, sequences, tokenizer.pad_token_id, batch_size, desc)

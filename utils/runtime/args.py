@@ -19,8 +19,9 @@ def add_data_args(parser, default_max_seq_len=256):
                        help="Proportions of each data set for steps 1, 2 and 3, e.g. 2,4,4.")
     group.add_argument("--data_output_path", type=str, default="/tmp/data_files/",
                        help="Where the shuffled split indices are cached (a local, non-shared folder).")
-    group.add_argument("--max_seq_len", type=int, default=default_max_seq_len,
-                       help="Maximum tokens of prompt + answer.")
+    if default_max_seq_len is not None:  # step 3 has --max_prompt_seq_len and --max_answer_seq_len instead
+        group.add_argument("--max_seq_len", type=int, default=default_max_seq_len,
+                           help="Maximum tokens of prompt + answer; default %(default)s.")
     return group
 
 
@@ -30,60 +31,120 @@ def add_model_args(parser):
                        help="A Hugging Face model name or folder, or a built-in name: tiny, smollm2-135m.")
     group.add_argument("--dropout", type=float, default=None,
                        help="Set every dropout probability of the model to this; unset keeps the model's own.")
+    add_trust_remote_code_arg(group)
+    return group
+
+
+def add_trust_remote_code_arg(group):
     group.add_argument("--trust_remote_code", action="store_true",
                        help="Allow the model folder's own Python code to run (off by default).")
-    return group
 
 
 def add_training_args(parser, default_lr=1e-3, default_epochs=1):
     group = parser.add_argument_group("training")
-    group.add_argument("--per_device_train_batch_size", type=int, default=16)
-    group.add_argument("--per_device_eval_batch_size", type=int, default=16)
-    group.add_argument("--learning_rate", type=float, default=default_lr)
-    group.add_argument("--weight_decay", type=float, default=0.0)
-    group.add_argument("--num_train_epochs", type=int, default=default_epochs)
-    group.add_argument("--max_steps", type=int, default=0,
-                       help="Stop after this many optimizer steps (0: run all epochs).")
-    group.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    group.add_argument("--lr_scheduler_type", type=str, default="cosine", choices=SCHEDULERS)
-    group.add_argument("--num_warmup_steps", type=int, default=0)
-    group.add_argument("--seed", type=int, default=1234)
-    group.add_argument("--gradient_checkpointing", action="store_true")
-    group.add_argument("--output_dir", type=str, default=None, help="Where the trained model is saved.")
+    group.add_argument("--per_device_train_batch_size", type=int, default=16,
+                       help="Batch size (per device) for the training dataloader: sequences (step 2, DPO: pairs) "
+                            "per micro-batch of each process.")
+    group.add_argument("--per_device_eval_batch_size", type=int, default=16,
+                       help="Batch size (per device) for the evaluation dataloader.")
+    group.add_argument("--learning_rate", type=float, default=default_lr,
+                       help="Initial learning rate (after the potential warmup period) to use; default %(default)s.")
+    group.add_argument("--weight_decay", type=float, default=0.0,
+                       help="Weight decay to use (AdamW's, not on biases and norms).")
+    group.add_argument("--gradient_checkpointing", action="store_true",
+                       help="Enable HF gradient checkpointing for the model: recompute activations in the backward "
+                            "pass, less memory for more time.")
+    add_schedule_args(group, default_epochs)
     return group
 
 
-def add_deepspeed_args(parser):
+def add_schedule_args(group, default_epochs=1, default_warmup_steps=0, steps="optimizer steps"):
+    """The flags of how long a step trains, its learning-rate schedule, its seed and its output, which every step
+    has. `steps`: the unit a step counts in (step 3: prompt batches)."""
+    group.add_argument("--num_train_epochs", type=int, default=default_epochs,
+                       help="Total number of training epochs to perform (passes over the training split).")
+    group.add_argument("--max_steps", type=int, default=0,
+                       help=f"Stop after this many {steps} (0: run all epochs).")
+    group.add_argument("--gradient_accumulation_steps", type=int, default=1,
+                       help="Number of micro-batches whose gradients are accumulated before each optimizer step.")
+    group.add_argument("--lr_scheduler_type", type=str, default="cosine", choices=SCHEDULERS,
+                       help="The scheduler type to use (transformers' get_scheduler); default cosine, to 0 at the "
+                            "last optimizer step.")
+    group.add_argument("--num_warmup_steps", type=int, default=default_warmup_steps,
+                       help="Number of optimizer steps for the warmup in the lr scheduler; default %(default)s.")
+    group.add_argument("--seed", type=int, default=1234,
+                       help="A seed for reproducible training: data split and order, initialisation, sampling.")
+    group.add_argument("--output_dir", type=str, default=None,
+                       help="Where to store the model (a Hugging Face folder; required).")
+    return group
+
+
+def add_deepspeed_args(parser, zero_stages=None, config_applies_to="the model's training engine"):
+    """The flags of the DeepSpeed engines. zero_stages: {flag: help} of a step that trains several models (step 3:
+    actor and critic), each with its own ZeRO stage; default one --zero_stage. config_applies_to: which engines a
+    --deepspeed_config file configures."""
     group = parser.add_argument_group("deepspeed")
-    group.add_argument("--local_rank", type=int, default=-1, help="Set by the deepspeed launcher.")
+    group.add_argument("--local_rank", type=int, default=-1,
+                       help="local_rank for distributed training (set by the deepspeed launcher; -1: not launched).")
     group.add_argument("--offload", action="store_true",
-                       help="Offload optimizer state (and at ZeRO-3 parameters) to the CPU (DeepSpeedCPUAdam).")
+                       help="Enable ZeRO Offload techniques: optimizer state (and at ZeRO-3 parameters) on the CPU "
+                            "(DeepSpeedCPUAdam); needs ZeRO stage 1, 2 or 3.")
     group.add_argument("--dtype", type=str, default="auto", choices=DTYPES,
                        help="Training precision; auto is bf16 where the hardware runs it natively (a GPU with bf16, "
                             "a CPU with AMX or AVX-512 BF16), else fp16 on CUDA and fp32 on a CPU.")
-    group.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
+    stage_help = ("ZeRO optimization stage of the model: 0 none, 1 partitions optimizer state across processes, "
+                  "2 also gradients, 3 also parameters.")
+    for flag, help_text in (zero_stages or {"--zero_stage": stage_help}).items():
+        group.add_argument(flag, type=int, default=0, choices=(0, 1, 2, 3), help=help_text)
     import deepspeed
 
     deepspeed.add_config_arguments(parser)
+    describe_deepspeed_config_args(parser, config_applies_to)
     return group
+
+
+DEEPSPEED_CONFIG_HELP = {
+    "deepspeed": "Accepted for DeepSpeed-Chat's scripts (which pass it); no effect: every step runs on DeepSpeed.",
+    "deepspeed_config": "A DeepSpeed JSON config file laid key by key over the config the flags build, for {}. Its "
+                        "batch sizes must agree with the flags, and it may not have optimizer or scheduler sections "
+                        "(the flags build those).",
+    "deepscale": "Deprecated name of --deepspeed (no effect).",
+    "deepscale_config": "Deprecated name of --deepspeed_config (not read: use --deepspeed_config).",
+}
+
+
+def describe_deepspeed_config_args(parser, config_applies_to):
+    """deepspeed.add_config_arguments's flags, told what they do here."""
+    for action in parser._actions:
+        if action.dest in DEEPSPEED_CONFIG_HELP:
+            action.help = DEEPSPEED_CONFIG_HELP[action.dest].format(config_applies_to)
 
 
 def add_lora_args(parser):
     group = parser.add_argument_group("LoRA")
-    group.add_argument("--lora_dim", type=int, default=0, help="LoRA rank; 0 disables LoRA.")
+    group.add_argument("--lora_dim", type=int, default=0, help="LoRA rank; if > 0, use LoRA for efficient training.")
     group.add_argument("--lora_module_name", type=str, default="layers.",
-                       help="Comma-separated parts of the names of the linear layers LoRA wraps.")
-    group.add_argument("--only_optimize_lora", action="store_true", help="Train the LoRA factors only.")
-    group.add_argument("--lora_learning_rate", type=float, default=5e-4)
+                       help="The scope of LoRA: comma-separated parts of the names of the linear layers it wraps.")
+    add_only_optimize_lora_arg(group)
+    group.add_argument("--lora_learning_rate", type=float, default=5e-4,
+                       help="Initial LoRA learning rate (after the potential warmup period) to use.")
     return group
 
 
-def add_logging_args(parser):
+def add_only_optimize_lora_arg(group):
+    group.add_argument("--only_optimize_lora", action="store_true",
+                       help="Only optimize the LoRA parameters (the rest stays frozen).")
+
+
+def add_logging_args(parser, default_tensorboard_path="step_tensorboard", default_print_interval=10,
+                     steps="optimizer steps"):
     group = parser.add_argument_group("logging")
-    group.add_argument("--enable_tensorboard", action="store_true")
-    group.add_argument("--tensorboard_path", type=str, default="step_tensorboard")
-    group.add_argument("--print_interval", type=int, default=10,
-                       help="Optimizer steps between two loss/throughput lines.")
+    group.add_argument("--enable_tensorboard", action="store_true",
+                       help="Enable tensorboard logging (losses, learning rate, throughput, evaluations).")
+    group.add_argument("--tensorboard_path", type=str, default=default_tensorboard_path,
+                       help="Folder of the TensorBoard event files; default %(default)s.")
+    group.add_argument("--print_interval", type=int, default=default_print_interval,
+                       help=f"{steps.capitalize()} between two loss/throughput lines; default %(default)s.")
     return group
 
 
@@ -192,6 +253,8 @@ def check_common_args(args):
     data_output_path = getattr(args, "data_output_path", None)
     if data_output_path and Path(data_output_path).exists() and not Path(data_output_path).is_dir():
         raise ConfigError(f"--data_output_path {data_output_path} is a file, not a folder")
+    if not args.output_dir:
+        raise ConfigError("--output_dir is required")
 
 
 def check_output_file(flag, path):
@@ -203,11 +266,17 @@ def check_output_file(flag, path):
         raise ConfigError(f"{flag} {path} is a folder; name a file to write")
 
 
-def add_step_args(parser, *, default_lr=1e-3, eval_interval=False):
+def add_step_args(parser, *, default_lr=1e-3, eval_interval=False, packing=False):
     """The flags of a step that trains one model on a data set (steps 1 and 2, DPO), in their groups; returns the
     groups by name ("data", "model", "training", "deepspeed", "lora", "logging", "checkpoints"), so a step adds
-    its own flags to them. eval_interval: mid-run evaluations (--eval_interval, --eval_iters)."""
-    groups = {"data": add_data_args(parser), "model": add_model_args(parser),
+    its own flags to them. eval_interval: mid-run evaluations (--eval_interval, --eval_iters); packing:
+    --packing (utils/data/packing.py)."""
+    data = add_data_args(parser)
+    if packing:
+        from utils.data.packing import add_packing_args
+
+        add_packing_args(data)
+    groups = {"data": data, "model": add_model_args(parser),
               "training": add_training_args(parser, default_lr=default_lr),
               "deepspeed": add_deepspeed_args(parser), "lora": add_lora_args(parser),
               "logging": add_logging_args(parser)}
@@ -218,12 +287,9 @@ def add_step_args(parser, *, default_lr=1e-3, eval_interval=False):
 
 
 def parse_step_args(parser, argv=None, check=None):
-    """Parse and check a step's flags (`check_common_args`, then the step's own `check(args)`); --output_dir is
-    required."""
+    """Parse and check a step's flags (`check_common_args`, then the step's own `check(args)`)."""
     args = parser.parse_args(argv)
     check_common_args(args)
     if check is not None:
         check(args)
-    if not args.output_dir:
-        raise ConfigError("--output_dir is required")
     return args

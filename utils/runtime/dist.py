@@ -92,8 +92,12 @@ def is_rank_0():
 
 
 def print_rank_0(*args, **kwargs):
+    """print on rank 0, above any progress bar (utils/runtime/progress.py), never through it."""
     if is_rank_0():
-        print(*args, **kwargs, flush=True)
+        from utils.runtime.progress import log_line
+
+        with log_line(kwargs.get("file")):
+            print(*args, **kwargs, flush=True)
 
 
 def barrier():

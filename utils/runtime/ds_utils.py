@@ -194,8 +194,9 @@ def create_optimizer(param_groups, learning_rate, offload, betas=(0.9, 0.95)):
     return torch.optim.AdamW(param_groups, lr=learning_rate, betas=betas, fused=True)
 
 
-def merge_user_ds_config(config, deepspeed_config_path):
-    """Overlay the user's `--deepspeed_config` JSON file, key by key, on the config the flags built."""
+def merge_user_ds_config(config, deepspeed_config_path, batch_flag="--per_device_train_batch_size"):
+    """Overlay the user's `--deepspeed_config` JSON file, key by key, on the config the flags built (`batch_flag`:
+    the step's micro-batch flag, named when the file's batch sizes disagree)."""
     if not deepspeed_config_path:
         return config
     import json
@@ -216,7 +217,7 @@ def merge_user_ds_config(config, deepspeed_config_path):
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if key in user and user[key] != config[key]:
             raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: {key} {user[key]} disagrees with the "
-                              f"{config[key]} of the flags (--per_device_train_batch_size x "
+                              f"{config[key]} of the flags ({batch_flag} x "
                               "--gradient_accumulation_steps x processes); set batch sizes with the flags")
     return _deep_merge(config, user)
 

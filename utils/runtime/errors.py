@@ -89,10 +89,12 @@ def cli_entry(main):
             return main(*args, **kwargs)
         except ChatRLHFError as err:
             message = " ".join(str(err).split())
+            _close_progress_bars()
             print(f"error: {message}", file=sys.stderr, flush=True)
             sys.exit(EXIT_USER_ERROR)
         except Interrupted as stop:
             hint = f"; {_interrupt['hint']}" if _interrupt["hint"] else ""
+            _close_progress_bars()
             print(f"interrupted: {stop}{hint}", file=sys.stderr, flush=True)
             sys.exit(128 + stop.signum)
         finally:
@@ -103,6 +105,15 @@ def cli_entry(main):
             _interrupt.update(hint=None, deferred=0, held=[])
 
     return wrapper
+
+
+def _close_progress_bars():
+    """Clear the progress bars a failed run leaves on the terminal, so its last line stands alone."""
+    if "tqdm" in sys.modules:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
 
 
 class ArgumentParser(argparse.ArgumentParser):

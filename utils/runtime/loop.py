@@ -3,8 +3,9 @@ reward model, DPO) and what surrounds it: the data loaders, the position in the 
 and throughput, evaluations, and the save at the end."""
 import time
 
-from utils.runtime.dist import all_reduce_mean, assert_finite, is_rank_0, print_rank_0, to_device
+from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.monitor import format_scalars
+from utils.runtime.progress import progress
 
 
 def step_data(args, phase, inputs):
@@ -92,17 +93,13 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
     over ranks, are printed and written to TensorBoard with the learning rate and throughput; every
     args.eval_interval steps (if the step has that flag) `run_eval(when)` runs; `checkpointer` saves with
     `checkpoint_state` when due; after each epoch (the last one too, however short) `epoch_end(epoch)` runs. A
-    resumed run (position and engine loaded) goes on from where it stopped. A progress bar per epoch shows on
-    rank 0 when the output is a terminal.
+    resumed run (position and engine loaded) goes on from where it stopped, its progress bar too.
     """
-    from tqdm import tqdm
-
     eval_interval = getattr(args, "eval_interval", 0)
     step = engine.global_steps
+    bar = progress(total=total_steps, initial=step, desc="train", unit="step")
     for epoch in position.epochs(args.num_train_epochs):
-        progress = tqdm(position.batches(epoch), total=len(position.loader), desc=f"epoch {epoch + 1}",
-                        disable=not (is_rank_0() and _stderr_is_terminal()), mininterval=2.0)
-        for micro_step, batch in progress:
+        for micro_step, batch in position.batches(epoch):
             if step >= total_steps:  # a run resumed from its last checkpoint has nothing left
                 break
             batch = to_device(batch, device)
@@ -111,16 +108,16 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
             assert_finite(loss, what)
             engine.backward(loss)
             engine.step()
-            throughput.add(time.perf_counter() - step_start, *batch["input_ids"].shape,
-                           int(batch["attention_mask"].sum()))
+            throughput.add_batch(time.perf_counter() - step_start, batch)
             if (micro_step + 1) % args.gradient_accumulation_steps != 0:
                 continue
             step = engine.global_steps
+            bar.update(1)
             if step % args.print_interval == 0 or step == total_steps:
                 scalars = {name: all_reduce_mean(value.detach().float()).item()
                            for name, value in {"loss": loss, **stats}.items()}
                 lr = engine.lr_scheduler.get_last_lr()[0]
-                progress.set_postfix(loss=f"{scalars['loss']:.4f}")
+                bar.set_postfix(loss=f"{scalars['loss']:.4f}", refresh=False)
                 print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(**scalars, lr=lr)}")
                 monitor.write(step, "train", **scalars, lr=lr, **throughput.report())
             if run_eval is not None and eval_interval and step % eval_interval == 0 and step < total_steps:
@@ -128,11 +125,11 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
             checkpointer.save_if_due(step, total_steps, checkpoint_state)
             if step >= total_steps:
                 break
-        progress.close()
         if epoch_end is not None:
             epoch_end(epoch)
         if step >= total_steps:
             break
+    bar.close()
     return step
 
 
@@ -149,9 +146,3 @@ def save_run(engine, tokenizer, args, metrics, state, start_time):
     save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags)
     write_metrics(args.output_dir, metrics)
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
-
-
-def _stderr_is_terminal():
-    import sys
-
-    return sys.stderr.isatty()

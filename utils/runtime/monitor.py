@@ -62,14 +62,23 @@ class Throughput:
     def _reset(self):
         self.seconds, self.steps, self.samples, self.tokens, self.flops = 0.0, 0, 0, 0, 0.0
 
-    def add(self, seconds, batch_size, seq_length, real_tokens):
-        """One micro-step of `seconds` (forward, backward, optimizer) over a padded batch_size x seq_length."""
+    def add(self, seconds, batch_size, seq_length, real_tokens, samples=None):
+        """One micro-step of `seconds` (forward, backward, optimizer) over a padded batch_size x seq_length
+        holding `samples` samples (default batch_size: one per row)."""
         self.seconds += seconds
         self.steps += 1
-        self.samples += batch_size
+        self.samples += batch_size if samples is None else samples
         self.tokens += real_tokens
         self.flops += training_flops(self.config, batch_size, seq_length, self.gradient_checkpointing,
                                      self.lora_dim)
+
+    def add_batch(self, seconds, batch):
+        """`add` for a collated batch, padded or packed: FLOPs over its rows as padded, its samples and real
+        tokens as `utils.data.packing.batch_counts` counts them."""
+        from utils.data.packing import batch_counts
+
+        samples, real_tokens = batch_counts(batch)
+        self.add(seconds, *batch["input_ids"].shape, real_tokens, samples=samples)
 
     def report(self):
         if self.steps == 0:

@@ -195,3 +195,15 @@ def test_offloaded_reference_is_zero3_and_scores_as_a_plain_reference(distribute
         plain = trainer.answer_logprobs(plain_ref, seq, attention_mask, prompts.shape[1])
     assert offloaded.shape == answers.shape
     torch.testing.assert_close(offloaded, plain, atol=1e-6, rtol=0)
+
+
+def test_deepspeed_config_file_applies_to_the_actor_and_the_critic(distributed, step3_model_dirs, tiny_tokenizer,
+                                                                   tmp_path):
+    """--deepspeed_config is laid over both trained engines' configs, as steps 1 and 2 lay it over theirs."""
+    config = tmp_path / "ds.json"
+    config.write_text('{"gradient_clipping": 0.25, "train_micro_batch_size_per_gpu": 4}')
+    engine = build_engine(step3_model_dirs, tiny_tokenizer, "--deepspeed_config", str(config))
+    assert engine.actor.gradient_clipping() == 0.25
+    assert engine.critic.gradient_clipping() == 0.25
+    plain = build_engine(step3_model_dirs, tiny_tokenizer)
+    assert plain.actor.gradient_clipping() == plain.critic.gradient_clipping() == 1.0
