@@ -7,11 +7,12 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.logits_process import TopPLogitsWarper
 
-from inference.generation import NEUTRAL_PROCESSORS, _left_pad, tokenize_prompts
+from inference.generation import NEUTRAL_PROCESSORS, tokenize_prompts
 from inference.sampling import (nucleus_filter, sample, sample_tokens, shared_prefix_length, split_shared_prefix,
                                 supports_native_sampling)
-from utils.rl.tokens import logprobs_from_logits
+from utils.data.data_utils import attention_mask_left, pad_left
 from utils.model.model_utils import model_forward_kwargs
+from utils.rl.tokens import logprobs_from_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,7 +38,8 @@ def varied(tiny_tokenizer):
 
 def prompt_batch(tokenizer, system=SYSTEM):
     texts = [f"{system} Human: {question} Assistant:" for question in QUESTIONS]
-    input_ids, attention_mask = _left_pad(tokenize_prompts(tokenizer, texts), tokenizer.pad_token_id)
+    rows = tokenize_prompts(tokenizer, texts)
+    input_ids, attention_mask = pad_left(rows, tokenizer.pad_token_id), attention_mask_left(rows)
     assert len(set(attention_mask.sum(1).tolist())) > 3  # really left-padded
     return input_ids, attention_mask
 
