@@ -16,7 +16,8 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import torch
 
-from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, make_dataloader
+from utils.data.data_utils import (DataCollatorSFT, create_prompt_dataset, data_bound, fit_auto_lengths,
+                                   make_dataloader)
 from utils.model.model_utils import count_parameters, create_hf_model, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
@@ -76,7 +77,8 @@ def main(argv=None):
     claim_output_dir(args, inputs={"--model_name_or_path": model_path})
     tokenizer = load_tokenizer(model_path, args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
-                                                        1, args.seed, tokenizer, args.max_seq_len)
+                                                        1, args.seed, tokenizer, data_bound(args.max_seq_len))
+    fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset)
     collator = DataCollatorSFT(tokenizer.pad_token_id)
     train_loader = make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed)
     eval_loader = make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False)

@@ -28,7 +28,8 @@ import time
 
 import torch
 
-from utils.data.data_utils import DataCollatorPreference, ListDataset, create_prompt_dataset, make_dataloader
+from utils.data.data_utils import (DataCollatorPreference, ListDataset, create_prompt_dataset, data_bound,
+                                   fit_auto_lengths, make_dataloader)
 from utils.model.model_utils import (count_parameters, create_hf_model, load_tokenizer, model_forward_kwargs,
                                      resolve_model_path)
 from utils.model.save import save_hf_model
@@ -242,7 +243,8 @@ def main(argv=None):
     claim_output_dir(args, inputs=inputs)
     tokenizer = load_tokenizer(model_path, args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
-                                                        2, args.seed, tokenizer, args.max_seq_len)
+                                                        2, args.seed, tokenizer, data_bound(args.max_seq_len))
+    fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset)
     collator = DataCollatorPreference(tokenizer.pad_token_id)
 
     # Reference, then policy and engine

@@ -4,7 +4,8 @@ import math
 
 from utils.rl.kl import KL_ESTIMATORS
 from utils.rl.losses import LOSS_AGG_MODES
-from utils.runtime.args import SCHEDULERS, ArgumentParser, add_checkpoint_args, add_data_args, check_common_args
+from utils.runtime.args import (AUTO, SCHEDULERS, ArgumentParser, add_checkpoint_args, add_data_args,
+                                check_common_args, length_or_auto)
 from utils.runtime.ds_utils import DTYPES
 from utils.runtime.errors import ConfigError
 
@@ -38,8 +39,10 @@ def parse_args(argv=None):
     add("--per_device_training_batch_size", type=int, default=16)
     add("--generation_batches", type=int, default=1, help="Prompt batches of experience per PPO round.")
     add("--ppo_epochs", type=int, default=1)
-    add("--max_prompt_seq_len", type=int, default=256)
-    add("--max_answer_seq_len", type=int, default=256)
+    add("--max_prompt_seq_len", type=length_or_auto, default=256,
+        help="Longest prompt (longer ones are skipped), or auto: the longest prompt of the data.")
+    add("--max_answer_seq_len", type=length_or_auto, default=256,
+        help="Longest answer generated, or auto: twice the longest reference answer of the data.")
     add("--num_train_epochs", type=int, default=1)
     add("--max_steps", type=int, default=0, help="Stop after this many prompt batches (0: all epochs).")
     add("--gradient_accumulation_steps", type=int, default=1)
@@ -156,7 +159,7 @@ def parse_args(argv=None):
 def check_args(args):
     check_common_args(args)
     for name in ("per_device_generation_batch_size", "per_device_training_batch_size", "generation_batches",
-                 "ppo_epochs", "max_prompt_seq_len", "max_answer_seq_len"):
+                 "ppo_epochs"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, not {getattr(args, name)}")
     check_rl_args(args)
@@ -202,7 +205,8 @@ def check_rl_args(args):
     for name in ("reward_fn_weight", "reward_model_weight"):
         if not math.isfinite(getattr(args, name)):
             raise ConfigError(f"--{name} must be a finite number, not {getattr(args, name)}")
-    if not 1 <= args.overlong_buffer <= args.max_answer_seq_len:
+    longest = float("inf") if args.max_answer_seq_len == AUTO else args.max_answer_seq_len
+    if not 1 <= args.overlong_buffer <= longest:
         raise ConfigError(f"--overlong_buffer must be in [1, --max_answer_seq_len {args.max_answer_seq_len}], not "
                           f"{args.overlong_buffer}")
     if args.eval_interval < 0 or args.eval_prompts < 1:
