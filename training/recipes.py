@@ -97,8 +97,10 @@ RECIPES = {
 
 DATA_RECIPES = {
     # SmolLM2 on reasoning-gym tasks (any task and settings): short answers, so every length is the data's own;
-    # a step 1 short enough to leave the verifier room (the README's "A real pretrained model, offline" has the
-    # measured runs); critic-free RL on many answers per prompt; the held-out curve every 5 rounds.
+    # a step 1 short enough to leave the verifier room, critic-free RL on many answers per prompt, the held-out
+    # curve every 5 rounds. Measured (README, "A real pretrained model, offline") on chain_sum with 2 terms of up
+    # to 2 digits: held-out verifier score of the step-1 actor 0.060 sampled / 0.174 greedy, of the RL actor
+    # 0.219 / 0.302; 27 min of CPU (50 min of wall time at load 5-8 on 2 cores).
     ("smollm2-135m", "reasoning_gym"): {
         1: ["--max_seq_len", "auto", "--max_steps", "24", "--num_train_epochs", "100", "--num_warmup_steps", "2",
             "--print_interval", "4"],
