@@ -189,7 +189,7 @@ def step_command(args, stage, dirs):
     script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
     positional = spec.arguments(args, dirs)
     extra = shlex.split(getattr(args, f"step{spec.step}_args"))
-    recipe = [flag for key in spec.recipes for flag in recipe_flags(stage_model(args, stage), key)]
+    recipe = [flag for key in spec.recipes for flag in recipe_flags(stage_model(args, stage), key, args.data_path)]
     return ["bash", str(script), *map(str, positional), *recipe, *pipeline_flags(args), *extra]
 
 
@@ -294,7 +294,8 @@ def evaluation_command(args, stages, dirs):
     return [sys.executable, str(script), "--model_name_or_path_baseline", str(baseline),
             "--model_name_or_path_finetune", str(finetune), *reward, *data,
             "--samples_per_prompt", str(EVAL_SAMPLES_PER_PROMPT),
-            "--output_json", str(Path(args.output_dir) / "evaluation.json"), *recipe_flags(args.actor_model, "eval")]
+            "--output_json", str(Path(args.output_dir) / "evaluation.json"),
+            *recipe_flags(args.actor_model, "eval", args.data_path)]
 
 
 def stage_inputs(args, stage):

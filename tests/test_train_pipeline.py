@@ -118,3 +118,21 @@ def test_run_scripts_use_the_interpreter_train_py_runs(tmp_path):
     assert "wrong python" not in result.stderr
     assert result.stdout.startswith("OMP_NUM_THREADS="), result.stdout  # the probe ran
     assert "deepspeed --num_gpus 1" in result.stdout
+
+
+def test_smollm2_on_reasoning_gym_data_takes_its_data_recipe_in_every_stage_and_the_evaluation():
+    spec = "reasoning_gym:chain_sum?max_digits=1"
+    stage_commands, evaluation = commands("--actor-model", "smollm2-135m", "--data-path", spec, "--algorithm",
+                                          "grpo", "--reward-fn", "reasoning_gym")
+    assert list(stage_commands) == ["sft", "rl"]
+
+    def last(command, flag):  # argparse keeps a flag's last value
+        return command[len(command) - 1 - command[::-1].index(flag) + 1]
+
+    assert last(stage_commands["sft"], "--max_seq_len") == "auto"
+    rl = stage_commands["rl"]
+    assert last(rl, "--max_answer_seq_len") == last(rl, "--max_prompt_seq_len") == "auto"
+    assert int(last(rl, "--num_samples_per_prompt")) > 1 and int(last(rl, "--eval_interval")) > 0
+    assert last(evaluation, "--max_new_tokens") == "auto" and last(evaluation, "--data_path") == spec
+    plain, _ = commands("--actor-model", "smollm2-135m")  # the built-in task: the model's recipe alone
+    assert last(plain["sft"], "--max_seq_len") == "64"

@@ -1,7 +1,7 @@
 """Tests of training/recipes.py: every recipe's flags are flags its step (and the closing evaluation) accepts."""
 import pytest
 
-from training.recipes import RECIPES, recipe_flags
+from training.recipes import DATA_RECIPES, RECIPES, data_kind, recipe_flags
 
 REQUIRED = {1: ["--output_dir", "out"], 2: ["--output_dir", "out"], "dpo": ["--output_dir", "out"],
             3: ["--actor_model_name_or_path", "a", "--critic_model_name_or_path", "c", "--output_dir", "out"],
@@ -34,3 +34,25 @@ def test_every_critic_free_recipe_parses_after_step_3s(model):
 def test_only_the_smollm2_evaluation_is_capped():
     assert recipe_flags("tiny", "eval") == [] and recipe_flags("facebook/opt-1.3b", "eval") == []
     assert "--num_prompts" in recipe_flags("smollm2-135m", "eval")
+
+
+@pytest.mark.parametrize("model, kind", sorted(DATA_RECIPES))
+@pytest.mark.parametrize("step", [1, 2, "dpo", 3, "eval"])
+def test_every_data_recipe_parses_after_its_models(model, kind, step):
+    data = {"reasoning_gym": ["reasoning_gym:chain_sum"]}[kind]
+    flags = recipe_flags(model, step, data)
+    assert flags[:len(recipe_flags(model, step))] == recipe_flags(model, step)  # the model's first, so these win
+    step_parser(step)(REQUIRED[step] + flags)
+
+
+def test_the_data_recipe_is_the_one_of_the_runs_data():
+    rg = ["reasoning_gym:chain_sum?max_digits=1", "reasoning_gym:gcd"]
+    assert data_kind(rg) == "reasoning_gym"
+    assert data_kind(None) is data_kind(["builtin"]) is data_kind(rg + ["builtin"]) is None
+    assert len(recipe_flags("smollm2-135m", 1, rg)) > len(recipe_flags("smollm2-135m", 1, ["builtin"]))
+    assert recipe_flags("tiny", 1, rg) == recipe_flags("tiny", 1)  # no data recipe for the tiny model
+    # train.py's critic-free stage on reasoning-gym data: lengths from the data, the verifier's held-out curve.
+    flags = recipe_flags("smollm2-135m", 3, rg) + recipe_flags("smollm2-135m", "grpo", rg)
+    args = step_parser(3)(["--actor_model_name_or_path", "a", "--output_dir", "out", "--advantage_estimator", "grpo",
+                           "--reward_fn", "reasoning_gym", "--data_path", *rg, *flags])
+    assert args.max_answer_seq_len == args.max_prompt_seq_len == "auto" and args.eval_interval > 0

@@ -20,7 +20,7 @@ import json
 from inference.evaluation import (evaluate_models, format_score_table, format_side_by_side, heldout_set,
                                   read_prompts_file)
 from utils.model.model_utils import check_model_kind, resolve_model_path
-from utils.runtime.args import ArgumentParser, check_output_file
+from utils.runtime.args import AUTO, ArgumentParser, check_output_file, length_or_auto
 from utils.runtime.errors import ConfigError, cli_entry
 
 
@@ -41,9 +41,10 @@ def parse_args(argv=None):
                              "spec, reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any "
                              "other data source (the prompts of its eval split, scored by --reward_model only).")
     parser.add_argument("--num_prompts", type=int, default=None, help="Use only the first N prompts.")
-    parser.add_argument("--max_new_tokens", type=int, default=None,
-                        help="The longest answer, in tokens (default: the fine-tuned model's training run's, from "
-                             "its saved settings; else 16).")
+    parser.add_argument("--max_new_tokens", type=length_or_auto, default=None,
+                        help="The longest answer, in tokens, or auto: twice the longest reference answer of "
+                             "--data_path (default: the fine-tuned model's training run's, from its saved settings; "
+                             "else 16).")
     parser.add_argument("--temperature", type=float, default=1.0, help="Temperature of the sampled decoding.")
     parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus top-p of the sampled decoding.")
     parser.add_argument("--greedy", action="store_true", help="Greedy decoding only (no sampled decoding).")
@@ -69,6 +70,9 @@ def parse_args(argv=None):
         raise ConfigError(f"--num_show must be at least 0, got {args.num_show}")
     if args.prompts_file and args.data_path != ["builtin"]:
         raise ConfigError("--prompts_file and --data_path both give the prompts; pass one")
+    if args.prompts_file and args.max_new_tokens == AUTO:
+        raise ConfigError("--max_new_tokens auto measures the reference answers of --data_path; with --prompts_file "
+                          "give it a number of tokens")
     check_output_file("--output_json", args.output_json)
     return args
 
@@ -101,7 +105,13 @@ def main(argv=None):
     else:
         prompts, checker = heldout_set(args.data_path, args.seed)
     prompts = prompts[:args.num_prompts]
-    if args.max_new_tokens is None:
+    if args.max_new_tokens == AUTO:
+        from utils.data.data_utils import fit_auto_lengths
+        from utils.model.model_utils import load_tokenizer
+
+        tokenizer = load_tokenizer(resolve_model_path(args.model_name_or_path_finetune), args.trust_remote_code)
+        fit_auto_lengths(args, args.data_path, tokenizer)
+    elif args.max_new_tokens is None:
         args.max_new_tokens = answer_length(resolve_model_path(args.model_name_or_path_finetune), prompts, args)
     from utils.runtime.ds_utils import choose_dtype
     from utils.runtime.dist import quiet_transformers

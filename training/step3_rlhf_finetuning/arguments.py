@@ -4,9 +4,9 @@ import math
 
 from utils.rl.kl import KL_ESTIMATORS
 from utils.rl.losses import LOSS_AGG_MODES
-from utils.runtime.args import (ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
+from utils.runtime.args import (AUTO, ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
                                 add_logging_args, add_only_optimize_lora_arg, add_schedule_args,
-                                add_trust_remote_code_arg, check_common_args)
+                                add_trust_remote_code_arg, check_common_args, length_or_auto)
 from utils.runtime.errors import ConfigError
 
 ADVANTAGE_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_pp")
@@ -66,9 +66,12 @@ def add_batch_args(parser):
     add("--generation_batches", type=int, default=1,
         help="Prompt batches of experience generated before each PPO round of training.")
     add("--ppo_epochs", type=int, default=1, help="For generated experience, how many PPO training epochs to run.")
-    add("--max_prompt_seq_len", type=int, default=256,
-        help="The maximum prompt length in tokens (longer prompts are dropped from the data).")
-    add("--max_answer_seq_len", type=int, default=256, help="The maximum generated answer length in tokens.")
+    add("--max_prompt_seq_len", type=length_or_auto, default=256,
+        help="The maximum prompt length in tokens (longer prompts are dropped from the data), or auto: the longest "
+             "prompt of the data.")
+    add("--max_answer_seq_len", type=length_or_auto, default=256,
+        help="The maximum generated answer length in tokens, or auto: twice the longest reference answer of the "
+             "data.")
 
 
 def add_optimization_args(parser):
@@ -217,7 +220,7 @@ def add_output_args(parser):
 def check_args(args):
     check_common_args(args)
     for name in ("per_device_generation_batch_size", "per_device_training_batch_size", "generation_batches",
-                 "ppo_epochs", "max_prompt_seq_len", "max_answer_seq_len"):
+                 "ppo_epochs"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, not {getattr(args, name)}")
     check_rl_args(args)
@@ -263,7 +266,8 @@ def check_rl_args(args):
     for name in ("reward_fn_weight", "reward_model_weight"):
         if not math.isfinite(getattr(args, name)):
             raise ConfigError(f"--{name} must be a finite number, not {getattr(args, name)}")
-    if not 1 <= args.overlong_buffer <= args.max_answer_seq_len:
+    longest = float("inf") if args.max_answer_seq_len == AUTO else args.max_answer_seq_len
+    if not 1 <= args.overlong_buffer <= longest:
         raise ConfigError(f"--overlong_buffer must be in [1, --max_answer_seq_len {args.max_answer_seq_len}], not "
                           f"{args.overlong_buffer}")
     if args.eval_interval < 0 or args.eval_prompts < 1:

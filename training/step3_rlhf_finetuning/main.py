@@ -23,11 +23,11 @@ import random
 import time
 
 from training.step3_rlhf_finetuning.arguments import parse_args
-from inference.evaluation import builtin_prompts
+from inference.evaluation import heldout_set
 from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, mean_stats
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
-                                   create_unsupervised_dataset, make_dataloader)
+                                   create_unsupervised_dataset, data_bound, fit_auto_lengths, make_dataloader)
 from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.rl.reward_fns import load_reward_fn
@@ -65,8 +65,9 @@ def main(argv=None):
     reward_fn = load_reward_fn(args.reward_fn, args) if args.reward_fn else None
     tokenizer = load_tokenizer(actor_path, args.trust_remote_code)
     prompt_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3,
-                                                         args.seed, tokenizer, args.max_prompt_seq_len)
-    eval_prompts = heldout_prompts(args, eval_dataset) if args.eval_interval else []
+                                                         args.seed, tokenizer, data_bound(args.max_prompt_seq_len))
+    fit_auto_lengths(args, args.data_path, tokenizer, prompt_dataset, eval_dataset)
+    eval_prompts, eval_checker = heldout_prompts(args, eval_dataset) if args.eval_interval else ([], None)
     prompt_loader = make_dataloader(prompt_dataset, DataCollatorRLHF(tokenizer.pad_token_id),
                                     args.per_device_generation_batch_size, True, args.seed)
     unsup_batches = None
@@ -114,7 +115,7 @@ def main(argv=None):
             unsup_batches.skip(resumed["unsup_batches_drawn"])
     monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step3_ppo")
     if eval_prompts and not resumed:
-        evaluations.append(evaluate(trainer, eval_prompts, step, monitor))
+        evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
     bar = progress(total=total_steps, initial=step, desc="ppo", unit="prompt batch")
     for epoch in position.epochs(args.num_train_epochs):
         for _, batch in position.batches(epoch):
@@ -141,7 +142,7 @@ def main(argv=None):
                 print_sample(experiences[0], tokenizer)
             experiences = []
             if eval_prompts and (step % args.eval_interval == 0 or step == total_steps):
-                evaluations.append(evaluate(trainer, eval_prompts, step, monitor))
+                evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
             checkpointer.save_if_due(step, total_steps, {
                 "history": history, "evaluations": evaluations, "trainer": trainer.state_dict(),
                 "shuffler": python_random_state(shuffler),
@@ -189,16 +190,19 @@ def print_sample(experience, tokenizer):
 
 
 def heldout_prompts(args, eval_dataset):
-    """The prompts --eval_interval scores (the first --eval_prompts): the built-in task's held-out prompts, which
-    its checker scores, when the data is the built-in task; else the prompts of the data's eval split."""
-    if args.data_path == ["builtin"]:
-        return builtin_prompts()[:args.eval_prompts]
-    return [sample["prompt"] for sample in eval_dataset][:args.eval_prompts]
+    """(prompts, checker) --eval_interval scores, the first --eval_prompts: data of held-out questions with a
+    checker (the built-in task, a reasoning-gym spec) gives those, scored as the closing evaluation scores them
+    (inference.evaluation.heldout_set); other data the prompts of its eval split, checker None (the mean reward
+    is reported)."""
+    if all(path == "builtin" or path.startswith("reasoning_gym:") for path in args.data_path):
+        prompts, checker = heldout_set(args.data_path)
+        return prompts[:args.eval_prompts], checker
+    return [sample["prompt"] for sample in eval_dataset][:args.eval_prompts], None
 
 
-def evaluate(trainer, prompts, step, monitor):
+def evaluate(trainer, prompts, checker, step, monitor):
     """Score the actor on the held-out prompts (PPOTrainer.evaluate); log it to the console and TensorBoard."""
-    scores = trainer.evaluate(prompts)
+    scores = trainer.evaluate(prompts, checker)
     for decoding, values in scores.items():
         monitor.write(step, f"eval_{decoding}", **values)
     print_rank_0(f"eval at step {step} ({len(prompts)} held-out prompts): "

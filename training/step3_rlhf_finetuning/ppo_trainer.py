@@ -19,7 +19,7 @@ import torch
 
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
 from inference.sampling import sample, supports_native_sampling
-from utils.model.model_utils import model_forward_kwargs
+from utils.model.model_utils import last_logits_kwargs, model_forward_kwargs
 from utils.model.reward_model import score_answers
 from utils.rl.advantages import (gae_advantages_and_returns, grpo_advantages, reinforce_pp_advantages,
                                  rloo_advantages, sequence_advantages)
@@ -76,8 +76,10 @@ class PPOTrainer:
 
     def answer_logprobs(self, model, seq, attention_mask, prompt_len, with_entropy=False):
         """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked)."""
-        logits = model(input_ids=seq, use_cache=False, **model_forward_kwargs(model.module, attention_mask)).logits
-        logits = logits[:, prompt_len - 1:-1]
+        keep = seq.shape[1] - prompt_len + 1  # the positions predicting the answer tokens, and the last one
+        logits = model(input_ids=seq, use_cache=False, **model_forward_kwargs(model.module, attention_mask),
+                       **last_logits_kwargs(model.module, keep)).logits
+        logits = logits[:, -keep:-1]
         logprobs = logprobs_from_logits(logits, seq[:, prompt_len:], self.args.temperature)
         if with_entropy:
             return logprobs, entropy_from_logits(logits.detach(), self.args.temperature)
@@ -290,11 +292,12 @@ class PPOTrainer:
 
     # ---- evaluation -------------------------------------------------------------------------------------------
 
-    def evaluate(self, prompts):
+    def evaluate(self, prompts, checker=None):
         """The actor's scores on held-out `prompts` as it is now, by `inference.evaluation.evaluate_models`: one
         sampled answer each (at the rollout temperature and top-p, from --seed, so every evaluation of a run
-        samples alike) and the greedy one, up to --max_answer_seq_len tokens; the checker's scores ("all" and
-        per skill) for the built-in task's prompts, and "reward", the mean end score of the reward sources.
+        samples alike) and the greedy one, up to --max_answer_seq_len tokens; `checker`'s scores ("all" and per
+        group, e.g. a reasoning-gym verifier's `summarize`, by task; by default the built-in task's checker on its
+        prompts), and "reward", the mean end score of the reward sources.
         Every rank runs it (ZeRO-3 gathers the weights collectively); random states are left as they were.
         Returns {"sampled": scores, "greedy": scores}."""
         from inference.evaluation import DECODINGS, evaluate_models
@@ -303,7 +306,7 @@ class PPOTrainer:
         self.actor.eval()
         results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,
                                   max_new_tokens=args.max_answer_seq_len, temperature=args.temperature,
-                                  top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts,
+                                  top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts, checker=checker,
                                   batch_size=args.per_device_generation_batch_size * args.num_samples_per_prompt)
         self.actor.train()
         return {decoding: results["actor"][decoding] for decoding in DECODINGS}

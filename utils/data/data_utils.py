@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from utils.data.prompting import encode_prompt_text, model_answer, model_prompt
+from utils.runtime.args import AUTO
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
 from utils.runtime.paths import write_file_atomic
@@ -125,7 +126,7 @@ class SampleCounter:
 
 
 def sft_sample(tokenizer, prompt, chosen, max_seq_len, counter):
-    """Prompt + chosen answer + EOS, truncated to max_seq_len; labels are -100 on the prompt."""
+    """Prompt + chosen answer + EOS, truncated to max_seq_len (None: not); labels are -100 on the prompt."""
     prompt_ids = tokenize_prompt(tokenizer, prompt)
     input_ids = prompt_ids + tokenize_answer(tokenizer, chosen)
     counter.measure(len(input_ids), "--max_seq_len", max_seq_len)
@@ -148,7 +149,7 @@ def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
     chosen_ids = prompt_ids + tokenize_answer(tokenizer, chosen)
     rejected_ids = prompt_ids + tokenize_answer(tokenizer, rejected)
     counter.measure(max(len(chosen_ids), len(rejected_ids)), "--max_seq_len", max_seq_len)
-    if max(len(chosen_ids), len(rejected_ids)) > max_seq_len:
+    if max_seq_len is not None and max(len(chosen_ids), len(rejected_ids)) > max_seq_len:
         counter.skip_too_long("longer than --max_seq_len")
         return None
     counter.kept += 1
@@ -157,10 +158,10 @@ def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
 
 def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
     """Prompt token ids for PPO rollouts, and the prompt's text (for reward functions and evaluation); a prompt
-    longer than max_prompt_len is skipped, not cut."""
+    longer than max_prompt_len (None: no bound) is skipped, not cut."""
     prompt_ids = tokenize_prompt(tokenizer, prompt)
     counter.measure(len(prompt_ids), "--max_prompt_seq_len", max_prompt_len)
-    if len(prompt_ids) > max_prompt_len:
+    if max_prompt_len is not None and len(prompt_ids) > max_prompt_len:
         counter.skip_too_long("longer than --max_prompt_seq_len")
         return None
     counter.kept += 1
@@ -191,6 +192,74 @@ def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter):
     return samples
 
 
+ANSWER_ROOM = 2
+"""An `auto` answer budget is this many times the longest reference answer: room for an answer somewhat longer
+than any reference (a longer one is cut, and step 3 penalises an answer without EOS)."""
+
+
+def data_bound(length):
+    """A length flag as create_prompt_dataset's bound: None (no bound: the data's own lengths) for `auto`."""
+    return None if length == AUTO else length
+
+
+def longest_sample(*datasets):
+    """The most tokens of any sequence of the samples: prompt + answer (phase 1), either side of a pair (phase 2),
+    a prompt (phase 3)."""
+    return max(len(sample[key]) for dataset in datasets for sample in dataset
+               for key in ("input_ids", "chosen_ids", "rejected_ids", "prompt_ids") if key in sample)
+
+
+def longest_answer(data_paths, seed, tokenizer):
+    """The most tokens of a reference (chosen) answer, with its EOS, over the train and eval rows of the data
+    sets; 0 when none has one. Each distinct answer is tokenized once."""
+    from utils.data.raw_datasets import get_raw_dataset
+
+    answers = set()
+    for data_path in data_paths:
+        raw = get_raw_dataset(data_path, seed)
+        for rows in (raw.get_train_data(), raw.get_eval_data()):
+            for row in rows if rows is not None else ():
+                answers.add(_reference_answer(raw, row))
+    answers.discard(None)
+    return max((len(tokenize_answer(tokenizer, answer)) for answer in answers), default=0)
+
+
+def _reference_answer(raw, row):
+    """The row's chosen answer, None when the data set has none (e.g. reasoning-gym tasks any valid solution
+    answers)."""
+    try:
+        return raw.get_chosen(row)
+    except DataError:
+        return None
+
+
+LENGTH_FLAGS = ("max_seq_len", "max_prompt_seq_len", "max_answer_seq_len", "max_new_tokens")
+
+
+def fit_auto_lengths(args, data_paths, tokenizer, *datasets):
+    """Set each length flag of `args` given as `auto` to the data's own length:
+
+        --max_seq_len, --max_prompt_seq_len      the longest sample of `datasets` (built with no bound: data_bound)
+        --max_answer_seq_len, --max_new_tokens   ANSWER_ROOM x the longest reference answer of `data_paths`
+
+    An answer length asked of data without reference answers is a ConfigError naming the flag."""
+    fitted = []
+    for name in LENGTH_FLAGS:
+        if getattr(args, name, None) != AUTO:
+            continue
+        if name in ("max_seq_len", "max_prompt_seq_len"):
+            value = longest_sample(*datasets)
+        else:
+            value = ANSWER_ROOM * longest_answer(data_paths, args.seed, tokenizer)
+            if value < 1:
+                raise ConfigError(f"--{name} auto: {', '.join(data_paths)} has no reference answers to measure; "
+                                  f"give --{name} a number of tokens")
+        setattr(args, name, value)
+        fitted.append(name)
+    if fitted:
+        print_rank_0("lengths from the data: " + ", ".join(f"--{name} {getattr(args, name)}" for name in fitted))
+
+
 class ListDataset(torch.utils.data.Dataset):
     def __init__(self, samples):
         self.samples = samples
@@ -205,7 +274,7 @@ class ListDataset(torch.utils.data.Dataset):
 def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed, tokenizer, max_seq_len):
     """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths`, shuffled together.
 
-    `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3."""
+    `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3 (None: no bound)."""
     from utils.data.raw_datasets import get_raw_dataset
 
     if train_phase not in PHASES:

@@ -192,3 +192,16 @@ def model_forward_kwargs(model, attention_mask):
 @functools.lru_cache(maxsize=None)
 def _accepts_position_ids(model_class):
     return "position_ids" in inspect.signature(model_class.forward).parameters
+
+
+def last_logits_kwargs(model, keep):
+    """Ask for the logits of the last `keep` positions only, where the model's forward can (`logits_to_keep`,
+    e.g. Llama): the other positions' (B, T - keep, vocab) logits are never computed (with a 49k-token vocabulary
+    the output layer is a fifth of a small model's forward). Callers slice `logits[:, -keep:]`, which holds
+    either way."""
+    return {"logits_to_keep": keep} if _accepts_logits_to_keep(type(model)) else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts_logits_to_keep(model_class):
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters

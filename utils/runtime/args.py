@@ -7,6 +7,8 @@ from utils.runtime.ds_utils import DTYPES
 from utils.runtime.errors import ArgumentParser, ConfigError  # noqa: F401 (ArgumentParser: the CLIs import it from here)
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+AUTO = "auto"
+"""A length flag's value asking for the data's own length (utils.data.data_utils.fit_auto_lengths)."""
 
 
 def add_data_args(parser, default_max_seq_len=256):
@@ -20,8 +22,9 @@ def add_data_args(parser, default_max_seq_len=256):
     group.add_argument("--data_output_path", type=str, default="/tmp/data_files/",
                        help="Where the shuffled split indices are cached (a local, non-shared folder).")
     if default_max_seq_len is not None:  # step 3 has --max_prompt_seq_len and --max_answer_seq_len instead
-        group.add_argument("--max_seq_len", type=int, default=default_max_seq_len,
-                           help="Maximum tokens of prompt + answer; default %(default)s.")
+        group.add_argument("--max_seq_len", type=length_or_auto, default=default_max_seq_len,
+                           help="Maximum tokens of prompt + answer, or auto: the longest prompt + answer of the "
+                                "data; default %(default)s.")
     return group
 
 
@@ -208,6 +211,25 @@ def _at_least(minimum):
     return parse
 
 
+def length_or_auto(text):
+    """An argparse `type` of a length flag: a positive number of tokens, or `auto` (the data's own length, fixed
+    once the tokenizer is loaded: utils.data.data_utils.fit_auto_lengths)."""
+    from argparse import ArgumentTypeError
+
+    if text == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        raise ArgumentTypeError(f"must be a positive number of tokens or {AUTO}, not {text!r}") from None
+    if value < 1:
+        raise ArgumentTypeError(f"must be at least 1 (or {AUTO}), not {value}")
+    return value
+
+
+length_or_auto.__name__ = "length"
+
+
 def _positive(value):
     return value > 0
 
@@ -237,10 +259,11 @@ FLAG_RANGES = {
 
 
 def check_flag_ranges(args):
-    """Refuse a numeric flag outside its FLAG_RANGES range (None: unset, left to its default meaning)."""
+    """Refuse a numeric flag outside its FLAG_RANGES range (None: unset, left to its default meaning; a length's
+    `auto`: the data's)."""
     for name, (allowed, test) in FLAG_RANGES.items():
         value = getattr(args, name, None)
-        if value is not None and not (math.isfinite(value) and test(value)):
+        if value is not None and value != AUTO and not (math.isfinite(value) and test(value)):
             raise ConfigError(f"--{name} must be {allowed}, not {value}")
 
 

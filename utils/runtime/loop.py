@@ -11,15 +11,16 @@ from utils.runtime.progress import progress
 def step_data(args, phase, inputs):
     """(tokenizer, train_dataset, eval_dataset) of a step: --output_dir claimed for this run (`inputs`: {flag:
     folder} of the models it reads; the tokenizer is --model_name_or_path's), and phase `phase` of --data_split
-    tokenized within --max_seq_len."""
-    from utils.data.data_utils import create_prompt_dataset
+    tokenized within --max_seq_len (`auto`: the longest sample, measured once the data is built unbounded)."""
+    from utils.data.data_utils import create_prompt_dataset, data_bound, fit_auto_lengths
     from utils.model.model_utils import load_tokenizer
     from utils.runtime.checkpoint import claim_output_dir
 
     claim_output_dir(args, inputs=inputs)
     tokenizer = load_tokenizer(inputs["--model_name_or_path"], args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
-                                                        phase, args.seed, tokenizer, args.max_seq_len)
+                                                        phase, args.seed, tokenizer, data_bound(args.max_seq_len))
+    fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset)
     return tokenizer, train_dataset, eval_dataset
 
 

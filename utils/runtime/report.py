@@ -63,11 +63,12 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
 
 
 def skill_table(evaluation):
-    """Held-out checker score per skill, per model and decoding."""
-    from utils.builtin.task import SKILLS
-
+    """Held-out checker score per group (the built-in task's skills, a reasoning-gym spec's tasks), per model and
+    decoding."""
     names = {"baseline": "before (baseline)", "finetune": "after (fine-tuned)"}
-    columns = ["all", *SKILLS]
+    groups = {key: None for result in evaluation.values() for decoding in ("sampled", "greedy")
+              for key in result.get(decoding, {}) if key not in ("all", "reward")}
+    columns = ["all", *groups]
     lines = ["| actor | decoding | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     for model, result in evaluation.items():
         for decoding in ("sampled", "greedy"):

@@ -254,3 +254,20 @@ def test_evaluate_scores_held_out_prompts_and_leaves_random_state_and_mode(engin
         assert {"all", "add", "reverse", "capital", "upper", "reward"} <= set(values)
         assert 0.0 <= values["all"] <= 1.0 and values["reward"] == pytest.approx(values["all"])
     assert trainer.evaluate(prompts) == scores  # the same weights and seed: the same answers
+
+
+def test_eval_interval_scores_a_reasoning_gym_specs_held_out_questions_with_its_verifier(engine):
+    from argparse import Namespace
+
+    from training.step3_rlhf_finetuning.main import heldout_prompts
+    from utils.data.reasoning_gym_data import gym_data, reasoning_gym_reward_fn
+
+    spec = "reasoning_gym:chain_sum?size=40"
+    prompts, checker = heldout_prompts(Namespace(data_path=[spec], eval_prompts=3), eval_dataset=None)
+    items = gym_data(spec).parts["heldout"]
+    assert prompts == [item.prompt for item in items][:3]
+    assert checker(prompts, [" " + item.answer for item in items[:3]]) == {"all": 1.0, "chain_sum": 1.0}
+    scores = make_trainer(engine, reasoning_gym_reward_fn(spec)).evaluate(prompts, checker)
+    for values in scores.values():  # the verifier's summary by task, and the reward (the same verifier)
+        assert set(values) == {"all", "chain_sum", "reward"}
+        assert values["all"] == pytest.approx(values["reward"]) == pytest.approx(values["chain_sum"])

@@ -376,3 +376,48 @@ def test_preference_collator_masks_answer_labels_eos_included(tiny_tokenizer):
     assert batch["ref_logps"].tolist() == [-1.0, -2.0, -3.0, -4.0]
     assert "ref_logps" not in DataCollatorPreference(tok.pad_token_id)(
         [pair_sample(tok, *triples[0], 64, counter)])
+
+
+# --------------------------------------------------------------------------- lengths from the data (auto)
+
+
+def test_auto_lengths_fit_the_longest_sample_and_twice_the_longest_answer(tmp_path, data_dir, tiny_tokenizer):
+    from argparse import Namespace
+
+    from utils.data.data_utils import ANSWER_ROOM, data_bound, fit_auto_lengths, tokenize_answer, tokenize_prompt
+
+    source = rows("train", 20) + rows("eval", 10)
+    longest_answer = max(len(tokenize_answer(tiny_tokenizer, row["chosen"])) for row in source)
+    # Phase 1 built without a bound keeps every answer whole; --max_seq_len auto is then its longest sample.
+    train, evaluation = create_prompt_dataset([str(data_dir)], "10,0,0", str(tmp_path), 1, 1, tiny_tokenizer,
+                                              data_bound("auto"))
+    whole = [len(tokenize_prompt(tiny_tokenizer, r["prompt"]) + tokenize_answer(tiny_tokenizer, r["chosen"]))
+             for r in source]
+    assert sorted(len(s["input_ids"]) for s in [*train, *evaluation]) == sorted(whole)
+    args = Namespace(seed=1, max_seq_len="auto", max_answer_seq_len="auto", max_new_tokens=7)
+    fit_auto_lengths(args, [str(data_dir)], tiny_tokenizer, train, evaluation)
+    assert args.max_seq_len == max(whole) and args.max_new_tokens == 7  # a number is left as given
+    assert args.max_answer_seq_len == ANSWER_ROOM * longest_answer
+    # Phase 3: --max_prompt_seq_len auto is the longest prompt, and no prompt is skipped.
+    prompts, _ = create_prompt_dataset([str(data_dir)], "0,0,10", str(tmp_path), 3, 1, tiny_tokenizer, None)
+    args = Namespace(seed=1, max_prompt_seq_len="auto")
+    fit_auto_lengths(args, [str(data_dir)], tiny_tokenizer, prompts)
+    assert len(prompts) == 20
+    assert args.max_prompt_seq_len == max(len(tokenize_prompt(tiny_tokenizer, r["prompt"])) for r in rows("train", 20))
+
+
+def test_an_auto_answer_length_of_data_without_reference_answers_names_the_flag(tiny_tokenizer):
+    from argparse import Namespace
+
+    from utils.data.data_utils import fit_auto_lengths
+
+    args = Namespace(seed=1, max_answer_seq_len="auto")
+    with pytest.raises(ConfigError, match="--max_answer_seq_len auto: reasoning_gym:graph_color.* has no reference"):
+        fit_auto_lengths(args, ["reasoning_gym:graph_color?size=12"], tiny_tokenizer)
+
+
+@pytest.mark.parametrize("text, expected", [("auto", "auto"), ("1", 1), ("64", 64)])
+def test_length_flags_take_a_positive_number_or_auto(text, expected):
+    from utils.runtime.args import length_or_auto
+
+    assert length_or_auto(text) == expected

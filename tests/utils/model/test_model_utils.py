@@ -153,3 +153,23 @@ def test_count_parameters(small_config):
 def test_position_ids_from_mask():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
     assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("kind", ["llama", "opt"])
+def test_last_logits_kwargs_give_the_last_positions_logits_of_a_full_forward(small_config, kind):
+    from transformers import AutoModelForCausalLM
+
+    from utils.model.model_utils import last_logits_kwargs, model_forward_kwargs
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(small_config(kind)).eval()
+    input_ids = torch.randint(1, 64, (2, 9))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :3] = 0  # left padding
+    kwargs = model_forward_kwargs(model, attention_mask)
+    with torch.no_grad():
+        full = model(input_ids=input_ids, **kwargs).logits
+        last = model(input_ids=input_ids, **kwargs, **last_logits_kwargs(model, 4)).logits
+    assert last.shape[1] == (4 if "logits_to_keep" in last_logits_kwargs(model, 4) else 9)
+    assert kind != "llama" or last.shape[1] == 4
+    torch.testing.assert_close(last[:, -4:], full[:, -4:])

@@ -1,0 +1,13 @@
+"""Tests of utils/runtime/report.py's score table: one column per group the checker scored."""
+from utils.runtime.report import skill_table
+
+
+def test_the_score_table_has_a_column_per_group_the_checker_scored():
+    builtin = {"sampled": {"all": 0.5, "add": 0.1, "reverse": 0.2, "capital": 0.3, "upper": 0.4, "reward": 1.0}}
+    gym = {"greedy": {"all": 0.25, "chain_sum": 0.5, "gcd": 0.0}}
+    header = skill_table({"baseline": builtin}).splitlines()[0]
+    assert header == "| actor | decoding | all | add | reverse | capital | upper |"
+    lines = skill_table({"baseline": gym, "finetune": gym}).splitlines()
+    assert lines[0] == "| actor | decoding | all | chain_sum | gcd |"
+    assert lines[2:] == ["| before (baseline) | greedy | 0.250 | 0.500 | 0.000 |",
+                         "| after (fine-tuned) | greedy | 0.250 | 0.500 | 0.000 |"]
