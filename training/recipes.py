@@ -7,6 +7,11 @@ after these, so they win. An "eval" entry adds flags to the side-by-side evaluat
 `DATA_RECIPES` adds flags for one model family on one kind of data (after the model's, so they win there).
 """
 
+# SmolLM2's steps on pairs (step 2, DPO): LoRA rank 16, 40 steps of 8 pairs.
+SMOLLM2_PAIRS = ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_len", "64",
+                 "--learning_rate", "2e-4", "--lora_dim", "16", "--only_optimize_lora", "--lora_learning_rate",
+                 "5e-4", "--max_steps", "40", "--num_warmup_steps", "5", "--print_interval", "10", "--dtype", "auto"]
+
 RECIPES = {
     "tiny": {
         # Measured with 1 thread per run, two runs at a time. Step 1: 2000 steps rather than 1200 raise the held-out
@@ -57,9 +62,9 @@ RECIPES = {
             "--max_steps", "60", "--num_warmup_steps", "5", "--print_interval", "10", "--dtype", "auto"],
         # Step 2 (from the step-1 weights): accuracy 0.18 -> 0.88 by step 30 (0.89 at 60), so 40 steps (0.20 ->
         # 0.86, ~3 min), and no mid-run evaluation (each pass over the 400 eval pairs costs about a minute).
-        2: ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_len", "64",
-            "--learning_rate", "2e-4", "--lora_dim", "16", "--only_optimize_lora", "--lora_learning_rate", "5e-4",
-            "--max_steps", "40", "--num_warmup_steps", "5", "--print_interval", "10", "--dtype", "auto"],
+        2: SMOLLM2_PAIRS,
+        # DPO from the step-1 actor: step 2's pairs, batches, lengths and LoRA (not yet measured on this model).
+        "dpo": SMOLLM2_PAIRS,
         # Step 3: prompts fit in 48 tokens (43 at most), answers in 12; 30 rounds of 16 rollouts, 2 PPO epochs of
         # 2 minibatches (~16 s a round, ~8 min). New LoRA factors on actor and critic only; actor LoRA lr 2e-4
         # moves the policy (sampled checker score 0.22 -> 0.27, held-out) at a KL of ~0.7 nats per answer; the
