@@ -204,7 +204,8 @@ def add_critic_free_args(parser):
         help="Weight of the reward model's score in the end score (see --reward_fn_weight).")
     add("--eval_interval", type=int, default=0,
         help="Every N steps (and before the first and after the last) score the actor on held-out prompts, "
-             "sampled and greedy: the built-in task's with its checker, else the data's eval split (0: never).")
+             "sampled and greedy: the built-in task's or a reasoning-gym spec's with its checker, else the data's "
+             "eval split (0: never).")
     add("--eval_prompts", type=int, default=100, help="How many held-out prompts --eval_interval scores.")
 
 
