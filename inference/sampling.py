@@ -22,12 +22,9 @@ Under ZeRO-3 with more than one rank every forward pass gathers parameters from 
 the same number of them: with `synced=True` a rank whose rows are all finished keeps running (one-token) forward
 passes until an all-reduce says every rank is done, like `generate(synced_gpus=True)`.
 """
-import functools
-import inspect
-
 import torch
 
-from utils.model.model_utils import position_ids_from_mask
+from utils.model.model_utils import last_logits_kwargs, new_kv_cache, position_ids_from_mask, takes_cache
 
 COMPACT_FRACTION = 8
 """Finished rows are dropped from the batch once they are at least 1/COMPACT_FRACTION of it (copying the cache
@@ -36,13 +33,7 @@ costs about one decoding step's cache update, so not for every single row)."""
 
 def supports_native_sampling(model):
     """Whether `sample` can drive `model`: a forward that takes position ids and a cache object."""
-    parameters = _forward_parameters(type(model))
-    return {"position_ids", "past_key_values"} <= parameters and hasattr(model, "config")
-
-
-@functools.lru_cache(maxsize=None)
-def _forward_parameters(model_class):
-    return frozenset(inspect.signature(model_class.forward).parameters)
+    return takes_cache(model)
 
 
 def shared_prefix_length(input_ids, attention_mask):
@@ -124,7 +115,7 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
     eos_ids = torch.tensor([] if eos_token_id is None else
                            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
                            dtype=torch.long, device=device)
-    cache = _new_cache(model)
+    cache = new_kv_cache(model)
     k = shared_prefix_length(input_ids, attention_mask) if share_prefix else 0
     if synced:
         k = _agree_min(k, device)
@@ -168,12 +159,6 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
     return (seq, logprobs[:, :steps]) if return_logprobs else seq
 
 
-def _new_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
-
-
 def _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_tokens):
     """(logits of each row's last prompt token (B, V), mask (B, P + max_new_tokens) of the cache's columns): the
     prompts run through the model into `cache`, the shared prefix of k tokens once for all rows when k > 0."""
@@ -191,9 +176,8 @@ def _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_t
 
 def _forward(model, cache, input_ids, attention_mask, position_ids):
     """The logits of the last position of each row, (B, V), with the cache updated."""
-    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(type(model)) else {}
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=cache, use_cache=True, **kwargs)
+                past_key_values=cache, use_cache=True, **last_logits_kwargs(model, 1))
     return out.logits[:, -1]
 
 

@@ -19,7 +19,7 @@ import torch
 
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
 from inference.sampling import sample, supports_native_sampling
-from utils.model.model_utils import last_logits_kwargs, model_forward_kwargs
+from utils.model.model_utils import answer_logits, model_forward_kwargs
 from utils.model.reward_model import score_answers
 from utils.rl.advantages import (gae_advantages_and_returns, grpo_advantages, reinforce_pp_advantages,
                                  rloo_advantages, sequence_advantages)
@@ -76,10 +76,7 @@ class PPOTrainer:
 
     def answer_logprobs(self, model, seq, attention_mask, prompt_len, with_entropy=False):
         """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked)."""
-        keep = seq.shape[1] - prompt_len + 1  # the positions predicting the answer tokens, and the last one
-        logits = model(input_ids=seq, use_cache=False, **model_forward_kwargs(model.module, attention_mask),
-                       **last_logits_kwargs(model.module, keep)).logits
-        logits = logits[:, -keep:-1]
+        logits = answer_logits(model, seq, attention_mask, prompt_len)  # a group's prompt runs once
         logprobs = logprobs_from_logits(logits, seq[:, prompt_len:], self.args.temperature)
         if with_entropy:
             return logprobs, entropy_from_logits(logits.detach(), self.args.temperature)

@@ -202,6 +202,62 @@ def last_logits_kwargs(model, keep):
     return {"logits_to_keep": keep} if _accepts_logits_to_keep(type(model)) else {}
 
 
+def new_kv_cache(model):
+    """An empty key/value cache for `model`'s forward (`past_key_values`)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def takes_cache(model):
+    """Whether `model`'s forward takes position ids and a key/value cache object (and it has a config to build
+    one from): what decoding with `new_kv_cache` needs."""
+    return _takes_cache(type(model)) and hasattr(model, "config")
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_cache(model_class):
+    return {"position_ids", "past_key_values"} <= set(inspect.signature(model_class.forward).parameters)
+
+
+def answer_logits(model, seq, attention_mask, prompt_len):
+    """The logits predicting each answer token, (B, A, V), A = seq.shape[1] - prompt_len: those of
+    model([prompts | answers]) at positions prompt_len - 1 ... T - 2, with every gradient.
+
+    Rows that repeat the row before's prompt (the answers of a group, --num_samples_per_prompt) share one pass of
+    it: the U distinct prompts run through the model into a key/value cache, copied to their rows, then the
+    answers run on top. Same logits to float rounding; the prompt positions are computed U times instead of B
+    (with 8 answers a prompt and prompts ten times longer than answers, ~6x fewer positions). `model` is called
+    as it is: a DeepSpeed engine or a Hugging Face model.
+    """
+    import torch
+
+    module = getattr(model, "module", model)
+    prompts, prompt_mask = seq[:, :prompt_len], attention_mask[:, :prompt_len]
+    unique, inverse = torch.unique_consecutive(prompts, dim=0, return_inverse=True)
+    answers = seq[:, prompt_len:]
+    checkpointing = getattr(module, "is_activation_checkpointing", False)  # it turns the cache off in training
+    if unique.shape[0] == seq.shape[0] or not takes_cache(module) or checkpointing:
+        keep = answers.shape[1] + 1  # the positions predicting the answer tokens, and the last one
+        logits = model(input_ids=seq, use_cache=False, **model_forward_kwargs(module, attention_mask),
+                       **last_logits_kwargs(module, keep)).logits
+        return logits[:, -keep:-1]
+    first = torch.cat([inverse.new_ones(1), (inverse[1:] != inverse[:-1]).long()]).bool()  # a prompt's first row
+    cache = new_kv_cache(module)
+    unique_mask = prompt_mask[first]
+    prefill = model(input_ids=unique, attention_mask=unique_mask, position_ids=position_ids_from_mask(unique_mask),
+                    past_key_values=cache, use_cache=True, **last_logits_kwargs(module, 1)).logits[:, -1:]
+    logits = prefill[inverse]  # (B, 1, V): predicts each row's first answer token
+    if answers.shape[1] > 1:
+        cache.batch_select_indices(inverse)
+        mask = attention_mask[:, :-1]
+        positions = position_ids_from_mask(mask)[:, prompt_len:]
+        rest = model(input_ids=answers[:, :-1], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                     use_cache=True).logits
+        logits = torch.cat([logits, rest], dim=1)
+    return logits
+
+
 @functools.lru_cache(maxsize=None)
 def _accepts_logits_to_keep(model_class):
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
