@@ -15,7 +15,9 @@ alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks 
   5. peak RSS of step 1 and step 3, and of step 1 at ZeRO 0/1/2/3 with one and two processes;
   6. step 1 training tokens/s with --packing against dynamic padding, on synthetic data of dialogue-like
      lengths (bench/packing.py), and both runs' per-step losses (not in --quick);
-  7. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
+  7. step 3's actor forward + backward on answer groups, each prompt run once for its group against every row's
+     full pass (bench/groups.py; tiny and the ~100M Llama), and the two's largest logit difference;
+  8. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
      process, by thread count and OpenMP wait policy, and with what utils.runtime.threads picks.
 """
 import argparse
@@ -30,8 +32,8 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 import torch
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
-SECTIONS = ("step1", "rollout", "ppo", "memory", "packing")
-NOT_QUICK = ("packing",)
+SECTIONS = ("step1", "rollout", "ppo", "memory", "packing", "groups")
+NOT_QUICK = ("packing", "groups")
 OPT_IN_SECTIONS = ("threads",)
 TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_100m": 0.4, "busy_slowdown": 2.5, "packing_ratio": 1.3}
 
@@ -83,6 +85,13 @@ def main(argv=None):
 
         print("step 1: packing", flush=True)
         results["packing"] = measure_packing(args.repeats, args.warmup)
+    if "groups" in args.sections:
+        from bench.groups import measure_groups
+
+        results["groups"] = {}
+        for model in args.models:
+            print(f"step 3: answer groups, {model}", flush=True)
+            results["groups"][model] = measure_groups(model, args.repeats, args.warmup)
     if "threads" in args.sections:
         from bench.threads import measure_threads
 
@@ -217,6 +226,13 @@ def format_report(results):
                      f"{lengths['median']:.0f}, seq <= {r['max_seq_len']}) | {spread(r['ours']['tokens'])} | "
                      f"{spread(r['baseline']['tokens'])} | {spread(r['ratio'], digits=3)} | "
                      f">= {TARGETS['packing_ratio']} |")
+    for model, r in results.get("groups", {}).items():
+        case = r["case"]
+        lines.append(f"| step 3 actor forward + backward, answer tokens/s, {model} fp32 ({case['prompts']} prompts of "
+                     f"{case['prompt_len']} tokens x {case['group']} answers of {case['answer_len']}): each prompt "
+                     f"once vs every row whole (logits agree to {r['max_logit_difference']:.1g}) | "
+                     f"{spread(r['ours']['answer_tokens'])} | {spread(r['baseline']['answer_tokens'])} | "
+                     f"{spread(r['ratio'], digits=2)} | |")
     for model, r in results.get("mfu", {}).items():
         target = f">= {TARGETS['mfu_100m']:.0%}" if model == "llama-100m" else ""
         lines.append(f"| MFU, step 1 {model} {r['dtype']} (of the {r['dtype']} matmul peak, "

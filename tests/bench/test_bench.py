@@ -78,3 +78,14 @@ def test_packing_section_trains_the_same_losses_packed_and_padded(one_thread, di
     positions = result["positions_per_batch"]
     assert positions["real"] <= positions["ours"] < positions["baseline"]
     assert all(ratio > 0 for ratio in result["ratio"])
+
+
+def test_groups_section_computes_the_same_logits_on_fewer_positions(one_thread):
+    """bench/groups.py on a small case: the shared-prompt pass and the full pass give the same logits, and the
+    shared one computes fewer positions. No speed threshold (the figure is the bench's)."""
+    from bench.groups import CASE, measure_groups
+
+    result = measure_groups("tiny", repeats=1, warmup=0, case=dict(CASE, group=4, prompt_len=20, answer_len=4))
+    assert result["max_logit_difference"] < 1e-4
+    assert result["positions"]["ours"] < result["positions"]["baseline"]
+    assert len(result["ratio"]) == 1 and result["ratio"][0] > 0
