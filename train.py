@@ -62,9 +62,12 @@ def _reward_source(args, dirs):
 
 
 def _pairs_arguments(args, dirs):
-    flags = ["--model_name_or_path", dirs["sft"], "--reward_fn", args.pair_judge, "--output_dir", dirs["pairs"],
-             "--samples_per_prompt", args.pair_samples, "--temperature", args.pair_temperature]
-    return flags + (["--max_prompts", args.pair_prompts] if args.pair_prompts else [])
+    """sample_pairs.py's flags: the step-1 actor, the judge, the output, and the --pair-* flags given (after the
+    recipe's, so they win)."""
+    flags = ["--model_name_or_path", dirs["sft"], "--reward_fn", args.pair_judge, "--output_dir", dirs["pairs"]]
+    given = {"--samples_per_prompt": args.pair_samples, "--temperature": args.pair_temperature,
+             "--max_prompts": args.pair_prompts}
+    return flags + [item for flag, value in given.items() if value is not None for item in (flag, value)]
 
 
 def _rl_arguments(args, dirs):
@@ -105,13 +108,15 @@ def parse_args(argv=None):
                              "package.module:function): the best-scored answer is chosen, the worst rejected "
                              "(inference/sample_pairs.py, into <output-dir>/sampled-pairs/<actor>/, run as the "
                              "first stage of step 2).")
-    parser.add_argument("--pair-samples", type=int, default=4,
+    parser.add_argument("--pair-samples", type=int, default=None,
                         help="--pair-judge: answers sampled per prompt, the best and worst of which make a pair "
-                             "(default 4).")
-    parser.add_argument("--pair-temperature", type=float, default=1.0,
-                        help="--pair-judge: the sampling temperature (default 1.0, as step 3 samples).")
+                             "(default: the recipe's, else 4).")
+    parser.add_argument("--pair-temperature", type=float, default=None,
+                        help="--pair-judge: the sampling temperature (default: the recipe's, else 1.0, as step 3 "
+                             "samples).")
     parser.add_argument("--pair-prompts", type=int, default=None,
-                        help="--pair-judge: at most this many prompts of each split's part 2 (default all).")
+                        help="--pair-judge: at most this many prompts of each split's part 2 (default: the "
+                             "recipe's, else all).")
     parser.add_argument("--step", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3],
                         help="Which of the algorithm's steps to run (1 SFT; 2 reward model or DPO; 3 RL).")
     parser.add_argument("--deployment-type", choices=tuple(DEFAULT_ZERO_STAGE), default="single_gpu",
@@ -159,13 +164,13 @@ def parse_args(argv=None):
         raise ConfigError(f"--reward-fn needs a critic-free --algorithm ({', '.join(CRITIC_FREE)}), not "
                           f"{args.algorithm}")
     pair_flags = [flag for flag in ("pair_samples", "pair_temperature", "pair_prompts")
-                  if getattr(args, flag) != parser.get_default(flag)]
+                  if getattr(args, flag) is not None]
     if pair_flags and not args.pair_judge:
         raise ConfigError(f"--{pair_flags[0].replace('_', '-')} sets how --pair-judge samples; it needs --pair-judge")
-    if args.pair_samples < 2:
+    if args.pair_samples is not None and args.pair_samples < 2:
         raise ConfigError(f"--pair-samples must be at least 2 (a pair is the best and the worst of them), not "
                           f"{args.pair_samples}")
-    if not 0 < args.pair_temperature < float("inf"):
+    if args.pair_temperature is not None and not 0 < args.pair_temperature < float("inf"):
         raise ConfigError(f"--pair-temperature must be a positive number, not {args.pair_temperature}")
     if args.pair_prompts is not None and args.pair_prompts < 1:
         raise ConfigError(f"--pair-prompts must be at least 1, not {args.pair_prompts}")
@@ -244,12 +249,12 @@ def pairs_data_flags(args, stage, dirs):
 def step_command(args, stage, dirs):
     """The `bash run.sh ...` command of one stage: positional arguments, recipe, pipeline-wide flags, step 2's
     sampled pairs, then the user's --stepN-args (last, so they win). A script stage is `python <script> <its
-    flags> <recipe> <script_flags>`."""
+    recipe> <its flags> <script_flags>` (its flags from train.py's own, after the recipe's so they win)."""
     spec = STAGES[stage]
     positional = spec.arguments(args, dirs)
     recipe = [flag for key in spec.recipes for flag in recipe_flags(stage_model(args, stage), key, args.data_path)]
     if spec.script:
-        return [sys.executable, str(ROOT / spec.script), *map(str, positional), *recipe, *script_flags(args)]
+        return [sys.executable, str(ROOT / spec.script), *recipe, *map(str, positional), *script_flags(args)]
     script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
     extra = shlex.split(getattr(args, f"step{spec.step}_args"))
     return ["bash", str(script), *map(str, positional), *recipe, *pipeline_flags(args),

@@ -102,16 +102,18 @@ def test_a_reward_function_needs_a_critic_free_algorithm():
 
 @pytest.mark.parametrize("algorithm, step2", [("dpo", "dpo"), ("ppo", "reward"), ("grpo", "reward")])
 def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads_them_whole(algorithm, step2):
+    from training.recipes import recipe_flags
     from utils.data.sampled_pairs import PAIRS_DATA_SPLIT
 
-    stage_commands, evaluation = commands("--algorithm", algorithm, "--pair-judge", "builtin", "--pair-samples", "8",
+    stage_commands, evaluation = commands("--algorithm", algorithm, "--pair-judge", "builtin", "--pair-samples", "6",
                                           "--data-path", "a.jsonl", "--seed", "7", "--resume")
     assert list(stage_commands)[:3] == ["sft", "pairs", step2]
     pairs = stage_commands["pairs"]
     assert pairs[:2] == [sys.executable, str(Path(train.__file__).parent / "inference" / "sample_pairs.py")]
     text = shlex.join(pairs)
-    assert ("--model_name_or_path out/actor-models/tiny --reward_fn builtin --output_dir out/sampled-pairs/tiny "
-            "--samples_per_prompt 8 --temperature 1.0") in text
+    recipe = shlex.join(recipe_flags("tiny", "pairs"))
+    assert recipe and f"{recipe} --model_name_or_path out/actor-models/tiny --reward_fn builtin --output_dir " \
+        "out/sampled-pairs/tiny --samples_per_prompt 6" in text  # --pair-samples after the recipe: it wins
     assert text.endswith("--resume --data_path a.jsonl --seed 7")  # the prompts: part 2 of the pipeline's data
     step2_text = shlex.join(stage_commands[step2])
     assert step2_text.endswith(f"--data_path out/sampled-pairs/tiny --data_split {PAIRS_DATA_SPLIT}")  # wins
