@@ -4,11 +4,13 @@ after.
     python train.py                                   # PPO: SFT, reward model, PPO on the built-in default
     python train.py --algorithm dpo                   # SFT, then DPO
     python train.py --algorithm grpo --reward-fn builtin   # SFT, then critic-free RL on the task's checker
+    python train.py --algorithm dpo --pair-judge builtin   # SFT, pairs of its own answers judged by the checker, DPO
     python train.py --step 1 2 --deployment-type single_node --actor-model facebook/opt-1.3b
 
 Each stage runs its `training/<folder>/training_scripts/<deployment>/run.sh`, which calls the `deepspeed`
-launcher; its log goes to `<output-dir>/<stage folder>/training.log`. Outputs follow DeepSpeed-Chat's layout:
-`actor-models/<name>`, `reward-models/<name>`, `dpo-models/<name>`, `step3-models/<name>/{actor,critic,actor_ema}`.
+launcher (the sampled pairs: one Python process); its log goes to `<output-dir>/<stage folder>/training.log`. Outputs follow DeepSpeed-Chat's layout:
+`actor-models/<name>`, `reward-models/<name>`, `dpo-models/<name>`, `step3-models/<name>/{actor,critic,actor_ema}`,
+and `sampled-pairs/<name>` (--pair-judge: the step-1 actor's own answers as step 2's pairs).
 Stages keep DeepSpeed-Chat's step numbers (1 SFT; 2 reward model or DPO; 3 RL): `--step`, `--stepN-args` and the
 data split's parts (step N trains on part N of `--data-split`) follow them.
 """
@@ -44,17 +46,28 @@ CRITIC_FREE = ("grpo", "rloo", "reinforce_pp")
 class Stage:
     """One training stage of a pipeline."""
     step: int  # DeepSpeed-Chat's step number: --step N, --stepN-args, part N of --data-split
-    folder: str  # training/<folder>/ holds main.py and training_scripts/<deployment>/run.sh
+    folder: str  # training/<folder>/ holds main.py and training_scripts/<deployment>/run.sh ("" for a script)
     output: str  # its output folder under --output-dir (then the model's name)
-    trains: str  # "actor" or "reward": the model it trains, whose name labels its output and picks its recipe
+    trains: str  # "actor" or "reward": the model it trains, whose name labels its output and picks its recipe;
+    # "" trains nothing (labelled by the actor)
     recipes: tuple  # the keys of its flags in training/recipes.py, in order
     inputs: tuple  # the stages whose outputs it starts from
     arguments: Callable  # (args, dirs) -> run.sh's positional arguments and extra flags
     actor_subdir: str = ""  # where in its output the trained actor is ("" for the folder itself)
+    script: str = ""  # a one-process Python script run instead of a run.sh (its path under the repository)
 
 
 def _reward_source(args, dirs):
     return dirs["sft"] if args.reward_from_sft else args.reward_model
+
+
+def _pairs_arguments(args, dirs):
+    """sample_pairs.py's flags: the step-1 actor, the judge, the output, and the --pair-* flags given (after the
+    recipe's, so they win)."""
+    flags = ["--model_name_or_path", dirs["sft"], "--reward_fn", args.pair_judge, "--output_dir", dirs["pairs"]]
+    given = {"--samples_per_prompt": args.pair_samples, "--temperature": args.pair_temperature,
+             "--max_prompts": args.pair_prompts}
+    return flags + [item for flag, value in given.items() if value is not None for item in (flag, value)]
 
 
 def _rl_arguments(args, dirs):
@@ -65,6 +78,8 @@ def _rl_arguments(args, dirs):
 STAGES = {
     "sft": Stage(1, "step1_supervised_finetuning", "actor-models", "actor", (1,), (),
                  lambda args, dirs: [dirs["sft"], args.actor_zero_stage, args.actor_model]),
+    "pairs": Stage(2, "", "sampled-pairs", "", ("pairs",), ("sft",), _pairs_arguments,
+                   script="inference/sample_pairs.py"),
     "reward": Stage(2, "step2_reward_model_finetuning", "reward-models", "reward", (2,), ("sft",),
                     lambda args, dirs: [dirs["reward"], args.reward_zero_stage, _reward_source(args, dirs)]),
     "dpo": Stage(2, "step2_dpo_finetuning", "dpo-models", "actor", ("dpo",), ("sft",),
@@ -87,6 +102,21 @@ def parse_args(argv=None):
     parser.add_argument("--reward-fn", default=None,
                         help="Critic-free RL's reward from a program instead of a reward model: builtin (the "
                              "built-in task's checker), reasoning_gym, or package.module:function.")
+    parser.add_argument("--pair-judge", default=None, metavar="FN",
+                        help="Step 2's pairs (reward model or DPO) come from the step-1 actor's own sampled answers "
+                             "to part 2's prompts, judged by the reward function FN (builtin, reasoning_gym, or "
+                             "package.module:function): the best-scored answer is chosen, the worst rejected "
+                             "(inference/sample_pairs.py, into <output-dir>/sampled-pairs/<actor>/, run as the "
+                             "first stage of step 2).")
+    parser.add_argument("--pair-samples", type=int, default=None,
+                        help="--pair-judge: answers sampled per prompt, the best and worst of which make a pair "
+                             "(default: the recipe's, else 4).")
+    parser.add_argument("--pair-temperature", type=float, default=None,
+                        help="--pair-judge: the sampling temperature (default: the recipe's, else 1.0, as step 3 "
+                             "samples).")
+    parser.add_argument("--pair-prompts", type=int, default=None,
+                        help="--pair-judge: at most this many prompts of each split's part 2 (default: the "
+                             "recipe's, else all).")
     parser.add_argument("--step", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3],
                         help="Which of the algorithm's steps to run (1 SFT; 2 reward model or DPO; 3 RL).")
     parser.add_argument("--deployment-type", choices=tuple(DEFAULT_ZERO_STAGE), default="single_gpu",
@@ -133,6 +163,22 @@ def parse_args(argv=None):
     if args.reward_fn and args.algorithm not in CRITIC_FREE:
         raise ConfigError(f"--reward-fn needs a critic-free --algorithm ({', '.join(CRITIC_FREE)}), not "
                           f"{args.algorithm}")
+    pair_flags = [flag for flag in ("pair_samples", "pair_temperature", "pair_prompts")
+                  if getattr(args, flag) is not None]
+    if pair_flags and not args.pair_judge:
+        raise ConfigError(f"--{pair_flags[0].replace('_', '-')} sets how --pair-judge samples; it needs --pair-judge")
+    if args.pair_samples is not None and args.pair_samples < 2:
+        raise ConfigError(f"--pair-samples must be at least 2 (a pair is the best and the worst of them), not "
+                          f"{args.pair_samples}")
+    if args.pair_temperature is not None and not 0 < args.pair_temperature < float("inf"):
+        raise ConfigError(f"--pair-temperature must be a positive number, not {args.pair_temperature}")
+    if args.pair_prompts is not None and args.pair_prompts < 1:
+        raise ConfigError(f"--pair-prompts must be at least 1, not {args.pair_prompts}")
+    if args.pair_judge and "reward" not in ALGORITHMS[args.algorithm] and "dpo" not in ALGORITHMS[args.algorithm]:
+        raise ConfigError(f"--pair-judge makes step 2's pairs, but --algorithm {args.algorithm} has no step 2")
+    if args.pair_judge and args.reward_fn:
+        raise ConfigError("--pair-judge makes the reward model's pairs, but with --reward-fn there is no reward "
+                          "model; pass one of them")
     stage = DEFAULT_ZERO_STAGE[args.deployment_type] if args.zero_stage is None else args.zero_stage
     args.actor_zero_stage = stage if args.actor_zero_stage is None else args.actor_zero_stage
     args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
@@ -147,10 +193,13 @@ def parse_args(argv=None):
 
 
 def pipeline(args):
-    """The algorithm's stages, in order (critic-free RL with a reward function needs no reward model)."""
+    """The algorithm's stages, in order (critic-free RL with a reward function needs no reward model; with
+    --pair-judge the sampled pairs come first in step 2)."""
     names = ALGORITHMS[args.algorithm]
     if args.reward_fn:
         names = tuple(name for name in names if name != "reward")
+    if args.pair_judge:
+        names = (names[0], "pairs", *names[1:])
     return names
 
 
@@ -160,7 +209,7 @@ def model_label(model):
 
 
 def stage_model(args, stage):
-    return args.actor_model if STAGES[stage].trains == "actor" else args.reward_model
+    return args.reward_model if STAGES[stage].trains == "reward" else args.actor_model
 
 
 def output_dirs(args):
@@ -170,27 +219,46 @@ def output_dirs(args):
 
 
 def pipeline_flags(args):
-    """The flags every stage gets from train.py: TensorBoard, checkpoints, the shared data and seed settings."""
+    """The flags every training stage gets from train.py: TensorBoard, checkpoints, the shared data and seed
+    settings."""
     # Every stage logs under one TensorBoard folder: `tensorboard --logdir <output-dir>/tensorboard`.
     flags = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
     flags += ["--save_steps", str(args.save_steps)] if args.save_steps else []
-    flags += ["--resume"] if args.resume else []
     flags += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
+    return flags + script_flags(args)
+
+
+def script_flags(args):
+    """The flags every stage gets, scripts included: --resume, the shared data and seed settings."""
+    flags = ["--resume"] if args.resume else []
     flags += ["--data_path", *args.data_path] if args.data_path else []
     flags += ["--data_split", args.data_split] if args.data_split else []
     flags += ["--seed", str(args.seed)] if args.seed is not None else []
     return flags
 
 
+def pairs_data_flags(args, stage, dirs):
+    """Step 2's data when --pair-judge made it: the whole pairs folder (its part 2 under PAIRS_DATA_SPLIT)."""
+    from utils.data.sampled_pairs import PAIRS_DATA_SPLIT
+
+    if "pairs" not in dirs or STAGES[stage].step != 2 or stage == "pairs":
+        return []
+    return ["--data_path", str(dirs["pairs"]), "--data_split", PAIRS_DATA_SPLIT]
+
+
 def step_command(args, stage, dirs):
-    """The `bash run.sh ...` command of one stage: positional arguments, recipe, pipeline-wide flags, then the
-    user's --stepN-args (last, so they win)."""
+    """The `bash run.sh ...` command of one stage: positional arguments, recipe, pipeline-wide flags, step 2's
+    sampled pairs, then the user's --stepN-args (last, so they win). A script stage is `python <script> <its
+    recipe> <its flags> <script_flags>` (its flags from train.py's own, after the recipe's so they win)."""
     spec = STAGES[stage]
-    script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
     positional = spec.arguments(args, dirs)
-    extra = shlex.split(getattr(args, f"step{spec.step}_args"))
     recipe = [flag for key in spec.recipes for flag in recipe_flags(stage_model(args, stage), key, args.data_path)]
-    return ["bash", str(script), *map(str, positional), *recipe, *pipeline_flags(args), *extra]
+    if spec.script:
+        return [sys.executable, str(ROOT / spec.script), *recipe, *map(str, positional), *script_flags(args)]
+    script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
+    extra = shlex.split(getattr(args, f"step{spec.step}_args"))
+    return ["bash", str(script), *map(str, positional), *recipe, *pipeline_flags(args),
+            *pairs_data_flags(args, stage, dirs), *extra]
 
 
 def stage_env():
@@ -210,13 +278,17 @@ def run_stage(args, stage, command, out_dir):
     env = stage_env()
     if args.hostfile:
         env["HOSTFILE"] = args.hostfile
+    if args.dry_run and STAGES[stage].script:
+        print(shlex.join(command))
+        return 0.0
     if args.dry_run:
         env["DRY_RUN"] = "1"
         print(subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout.strip())
         return 0.0
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "training.log"
-    print(f"---- step {step} ({stage}): {STAGES[stage].folder} -> {out_dir} (log: {log_path})", flush=True)
+    print(f"---- step {step} ({stage}): {STAGES[stage].folder or STAGES[stage].script} -> {out_dir} (log: "
+          f"{log_path})", flush=True)
     interrupt_hint(f"step {step} stopped (its log: {log_path}); resume with --resume")
     start = time.time()
     with open(log_path, "a" if args.resume else "w") as log:  # a resumed step's log continues

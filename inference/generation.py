@@ -15,6 +15,8 @@ from utils.runtime.errors import ChatRLHFError, ConfigError
 from utils.runtime.progress import progress
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+DEFAULT_MAX_NEW_TOKENS = 16
+"""The answer length for a model folder without saved training settings (a base model, a hub name)."""
 NEUTRAL_PROCESSORS = dict(num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
 NEUTRAL_SAMPLING = dict(top_k=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
 """Every logits processor (all decodings) and warper (sampling) other than temperature and top-p, off: `generate`
@@ -37,6 +39,22 @@ def load_causal_lm(path_or_name, dtype="fp32", trust_remote_code=False):
     model = load_pretrained(AutoModelForCausalLM, path, dtype=TORCH_DTYPES[dtype], trust_remote_code=trust_remote_code)
     model.eval()
     return model, tokenizer
+
+
+def trained_max_new_tokens(model_path, prompts, trust_remote_code=False):
+    """The answer length the model in `model_path` was trained to write (`utils.model.save.trained_answer_length`,
+    less the longest of these prompts in its tokens where the run bounded prompt + answer), or
+    DEFAULT_MAX_NEW_TOKENS for a folder without saved settings."""
+    from utils.data.data_utils import tokenize_prompt
+    from utils.model.save import read_training_settings, trained_answer_length
+
+    if not read_training_settings(model_path):
+        return DEFAULT_MAX_NEW_TOKENS
+    tokenizer = load_tokenizer(model_path, trust_remote_code)
+    longest = max((len(tokenize_prompt(tokenizer, prompt)) for prompt in prompts), default=0)
+    length = trained_answer_length(model_path, longest)
+    print(f"--max_new_tokens {length}: the answer length {model_path} was trained to", flush=True)
+    return length
 
 
 def context_length(model):

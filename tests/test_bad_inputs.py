@@ -2,7 +2,7 @@
 stderr naming the problem (the file, field or flag), no traceback, and no output left behind (the output folder
 absent, or as it was).
 
-The step mains, chat.py, prompt_eval.py and rw_eval.py are called in this process (`main(argv)`, as their
+The step mains, chat.py, prompt_eval.py, rw_eval.py and sample_pairs.py are called in this process (`main(argv)`, as their
 `__main__` calls it; `cli_entry` turns the error into `error: ...` on stderr and `SystemExit(2)`), which costs
 milliseconds instead of the seconds of a fresh `import torch, deepspeed`. `train.py`, whose cases are about
 launching, and one step main run as real processes.
@@ -53,7 +53,13 @@ def short(prompts, answers):
 
 def not_finite(prompts, answers):
     return [float("nan")] * len(answers)
+
+
+def constant(prompts, answers):
+    return [1.0] * len(answers)
 """
+SAMPLE_PAIRS = ["--model_name_or_path", "{actor}", "--output_dir", "{out}", "--data_path", "{tmp}/good", "--data_split",
+                "0,1", "--data_output_path", "{tmp}/cache", "--max_new_tokens", "4", "--dtype", "fp32"]
 EVAL_OUT = ["--output_json", "{out}/result.json"]
 
 CASES = [
@@ -286,6 +292,24 @@ CASES = [
     Case("step3 --reward_fn builtin on another task's prompts", "step3",
          [*STEP3, *GRPO, "--reward_fn", "builtin", "--data_path", "{tmp}/good_other"],
          ("the reward function --reward_fn builtin raised ValueError",)),
+    # inference/sample_pairs.py (8 prompts x 4 answers a split)
+    Case("sample_pairs judge that raises", "sample_pairs", [*SAMPLE_PAIRS, "--reward_fn", "{tmp}/rewards.py:raises"],
+         ("the reward function --reward_fn {tmp}/rewards.py:raises raised ZeroDivisionError: division by zero",)),
+    Case("sample_pairs judge of the wrong length", "sample_pairs",
+         [*SAMPLE_PAIRS, "--reward_fn", "{tmp}/rewards.py:short"],
+         ("the reward function --reward_fn {tmp}/rewards.py:short returned 31 values for 32 answers",)),
+    Case("sample_pairs judge that cannot be imported", "sample_pairs",
+         [*SAMPLE_PAIRS, "--reward_fn", "no_such_module_anywhere:score"],
+         ("--reward_fn no_such_module_anywhere:score: cannot import no_such_module_anywhere",)),
+    Case("sample_pairs judge scoring every answer the same", "sample_pairs",
+         [*SAMPLE_PAIRS, "--reward_fn", "{tmp}/rewards.py:constant"],
+         ("no train pairs: all 8 train prompts were skipped",)),
+    Case("sample_pairs one sample per prompt", "sample_pairs",
+         [*SAMPLE_PAIRS, "--reward_fn", "builtin", "--samples_per_prompt", "1"],
+         ("--samples_per_prompt must be at least 2, got 1",)),
+    Case("sample_pairs reward model as the policy", "sample_pairs",
+         [*SAMPLE_PAIRS, "--reward_fn", "builtin", "--model_name_or_path", "{critic}"],
+         ("{critic} is a reward model (step 2 output)",)),
     # chat.py
     Case("chat empty prompt", "chat", ["--path", "tiny", "--prompt", "  "], ("--prompt is empty",)),
     Case("chat prompt longer than the context", "chat", ["--path", "tiny", "--prompt", LONG_PROMPT],
@@ -357,6 +381,17 @@ CASES = [
     Case("train.py step 2 from the SFT weights without step-1 output", "train.py",
          ["--step", "2", "--output-dir", "{out}"],
          ("--step 2 (--reward-from-sft) needs the step-1 actor {out}/actor-models/tiny, which does not exist",)),
+    Case("train.py --pair-judge without step-1 output", "train.py",
+         ["--algorithm", "dpo", "--pair-judge", "builtin", "--step", "2", "--output-dir", "{out}"],
+         ("--step 2 needs the step-1 actor {out}/actor-models/tiny, which does not exist",)),
+    Case("train.py --pair-judge with --reward-fn", "train.py",
+         ["--algorithm", "grpo", "--reward-fn", "builtin", "--pair-judge", "builtin", "--output-dir", "{out}"],
+         ("--pair-judge makes the reward model's pairs, but with --reward-fn there is no reward model",)),
+    Case("train.py --pair-samples without --pair-judge", "train.py", ["--pair-samples", "8", "--output-dir", "{out}"],
+         ("--pair-samples sets how --pair-judge samples; it needs --pair-judge",)),
+    Case("train.py --pair-samples 1", "train.py",
+         ["--pair-judge", "builtin", "--pair-samples", "1", "--output-dir", "{out}"],
+         ("--pair-samples must be at least 2",)),
     Case("train.py multi_node without a hostfile", "train.py",
          ["--deployment-type", "multi_node", "--hostfile", "{tmp}/hostfile", "--output-dir", "{out}"],
          ("--hostfile {tmp}/hostfile does not exist",)),
@@ -470,7 +505,7 @@ def unwritable_folder(tmp):
 
 
 def in_process_mains():
-    from inference import chatbot
+    from inference import chatbot, sample_pairs
     from training.step1_supervised_finetuning import main as step1
     from training.step1_supervised_finetuning import prompt_eval
     from training.step2_dpo_finetuning import main as dpo
@@ -479,7 +514,7 @@ def in_process_mains():
     from training.step3_rlhf_finetuning import main as step3
 
     return {"step1": step1.main, "step2": step2.main, "dpo": dpo.main, "step3": step3.main, "chat": chatbot.main,
-            "prompt_eval": prompt_eval.main, "rw_eval": rw_eval.main}
+            "prompt_eval": prompt_eval.main, "rw_eval": rw_eval.main, "sample_pairs": sample_pairs.main}
 
 
 def run_in_process(main, argv, capsys):

@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-SCRIPTS = ("train", "inference.chatbot", "training.step1_supervised_finetuning.main",
+SCRIPTS = ("train", "inference.chatbot", "inference.sample_pairs", "training.step1_supervised_finetuning.main",
            "training.step1_supervised_finetuning.prompt_eval", "training.step2_reward_model_finetuning.main",
            "training.step2_reward_model_finetuning.rw_eval", "training.step2_dpo_finetuning.main",
            "training.step3_rlhf_finetuning.arguments", "bench.run", "bench.worker")

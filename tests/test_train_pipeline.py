@@ -100,6 +100,42 @@ def test_a_reward_function_needs_a_critic_free_algorithm():
         train.parse_args(["--reward-fn", "builtin"])
 
 
+@pytest.mark.parametrize("algorithm, step2", [("dpo", "dpo"), ("ppo", "reward"), ("grpo", "reward")])
+def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads_them_whole(algorithm, step2):
+    from training.recipes import recipe_flags
+    from utils.data.sampled_pairs import PAIRS_DATA_SPLIT
+
+    stage_commands, evaluation = commands("--algorithm", algorithm, "--pair-judge", "builtin", "--pair-samples", "6",
+                                          "--data-path", "a.jsonl", "--seed", "7", "--resume")
+    assert list(stage_commands)[:3] == ["sft", "pairs", step2]
+    pairs = stage_commands["pairs"]
+    assert pairs[:2] == [sys.executable, str(Path(train.__file__).parent / "inference" / "sample_pairs.py")]
+    text = shlex.join(pairs)
+    recipe = shlex.join(recipe_flags("tiny", "pairs"))
+    assert recipe and f"{recipe} --model_name_or_path out/actor-models/tiny --reward_fn builtin --output_dir " \
+        "out/sampled-pairs/tiny --samples_per_prompt 6" in text  # --pair-samples after the recipe: it wins
+    assert text.endswith("--resume --data_path a.jsonl --seed 7")  # the prompts: part 2 of the pipeline's data
+    step2_text = shlex.join(stage_commands[step2])
+    assert step2_text.endswith(f"--data_path out/sampled-pairs/tiny --data_split {PAIRS_DATA_SPLIT}")  # wins
+    for stage in set(stage_commands) - {"pairs", step2}:
+        assert "sampled-pairs" not in shlex.join(stage_commands[stage])
+    assert "sampled-pairs" not in shlex.join(evaluation)
+    with_args, _ = commands("--algorithm", algorithm, "--pair-judge", "builtin", "--step2-args", "--data_split 1,1")
+    assert shlex.join(with_args[step2]).endswith("--data_split 1,1")  # the user's step-2 flags still win
+
+
+def test_dry_run_shows_the_sampled_pairs_between_step_1_and_step_2(tmp_path):
+    result = subprocess.run([sys.executable, "train.py", "--dry-run", "--algorithm", "dpo", "--pair-judge", "builtin",
+                             "--output-dir", str(tmp_path / "out")], cwd=Path(train.__file__).parent,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [("step1_supervised_finetuning/main.py" in line, "sample_pairs.py" in line, "step2_dpo" in line,
+             "prompt_eval.py" in line) for line in lines] == [(True, False, False, False), (False, True, False, False),
+                                   (False, False, True, False), (False, False, False, True)]
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
 def test_run_scripts_use_the_interpreter_train_py_runs(tmp_path):
     """train.py run by an interpreter whose folder has no `python` (as /usr/bin/python3.11 beside another version's
     `python`), with a wrong `python` first on PATH: the run scripts still run train.py's own (PYTHON), so

@@ -19,12 +19,11 @@ import json
 
 from inference.evaluation import (evaluate_models, format_score_table, format_side_by_side, heldout_set,
                                   read_prompts_file)
+from inference.generation import trained_max_new_tokens
 from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.runtime.args import AUTO, ArgumentParser, check_output_file, length_or_auto
 from utils.runtime.errors import ConfigError, cli_entry
 
-
-DEFAULT_MAX_NEW_TOKENS = 16  # for a fine-tuned model without saved training settings
 
 
 def parse_args(argv=None):
@@ -77,23 +76,6 @@ def parse_args(argv=None):
     return args
 
 
-def answer_length(finetune_path, prompts, args):
-    """The fine-tuned model's trained answer length (`trained_answer_length`, less the longest of these prompts
-    in its tokens where the run bounded prompt + answer), or DEFAULT_MAX_NEW_TOKENS for a folder without saved
-    settings."""
-    from utils.data.data_utils import tokenize_prompt
-    from utils.model.model_utils import load_tokenizer
-    from utils.model.save import read_training_settings, trained_answer_length
-
-    if not read_training_settings(finetune_path):
-        return DEFAULT_MAX_NEW_TOKENS
-    tokenizer = load_tokenizer(finetune_path, args.trust_remote_code)
-    longest = max((len(tokenize_prompt(tokenizer, prompt)) for prompt in prompts), default=0)
-    length = trained_answer_length(finetune_path, longest)
-    print(f"--max_new_tokens {length}: the answer length {finetune_path} was trained to", flush=True)
-    return length
-
-
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
@@ -112,7 +94,8 @@ def main(argv=None):
         tokenizer = load_tokenizer(resolve_model_path(args.model_name_or_path_finetune), args.trust_remote_code)
         fit_auto_lengths(args, args.data_path, tokenizer)
     elif args.max_new_tokens is None:
-        args.max_new_tokens = answer_length(resolve_model_path(args.model_name_or_path_finetune), prompts, args)
+        args.max_new_tokens = trained_max_new_tokens(resolve_model_path(args.model_name_or_path_finetune), prompts,
+                                                      args.trust_remote_code)
     from utils.runtime.ds_utils import choose_dtype
     from utils.runtime.dist import quiet_transformers
 

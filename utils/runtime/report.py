@@ -28,6 +28,11 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
     rows = []
     if sft:
         rows.append(("1 SFT", "eval perplexity", _change(sft, "perplexity_before", "perplexity_after", 2)))
+    pairs = _load(Path(stage_dirs["pairs"]) / "meta.json") if "pairs" in stage_dirs else None
+    if pairs:
+        train = pairs.get("counts", {}).get("train", {})
+        rows.append(("2 sampled pairs", "train pairs kept / prompts (mean judge score of the answers)",
+                     f"{train.get('pairs', '-')} / {train.get('prompts', '-')} ({_fmt(train.get('mean_score'))})"))
     if reward:
         rows.append(("2 reward model", "eval accuracy (chosen > rejected)",
                      _change(reward, "accuracy_before", "accuracy_after")))

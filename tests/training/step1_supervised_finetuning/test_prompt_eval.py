@@ -204,20 +204,19 @@ def test_heldout_set_of_a_local_data_file_is_its_eval_prompts_without_a_checker(
 def test_the_answer_length_defaults_to_the_one_the_finetuned_model_was_trained_to(tmp_path, tiny_tokenizer,
                                                                                     capsys):
     import shutil
-    from types import SimpleNamespace
 
-    from training.step1_supervised_finetuning.prompt_eval import DEFAULT_MAX_NEW_TOKENS, answer_length
+    from inference.generation import DEFAULT_MAX_NEW_TOKENS, trained_max_new_tokens as answer_length
     from utils.data.data_utils import tokenize_prompt
     from utils.model.save import TRAINING_SETTINGS
 
-    args, prompts = SimpleNamespace(trust_remote_code=False), builtin_prompts()[:8]
-    assert answer_length(resolve_model_path("tiny"), prompts, args) == DEFAULT_MAX_NEW_TOKENS  # no saved settings
+    prompts = builtin_prompts()[:8]
+    assert answer_length(resolve_model_path("tiny"), prompts) == DEFAULT_MAX_NEW_TOKENS  # no saved settings
     actor = tmp_path / "actor"
     shutil.copytree(resolve_model_path("tiny"), actor)
     (actor / TRAINING_SETTINGS).write_text('{"step": 1, "max_seq_len": 40}')
     longest = max(len(tokenize_prompt(tiny_tokenizer, prompt)) for prompt in prompts)
     assert 0 < longest < 40
-    assert answer_length(actor, prompts, args) == 40 - longest  # step 1 fits prompt + answer in --max_seq_len
+    assert answer_length(actor, prompts) == 40 - longest  # step 1 fits prompt + answer in --max_seq_len
     assert f"--max_new_tokens {40 - longest}: " in capsys.readouterr().out
     (actor / TRAINING_SETTINGS).write_text('{"step": 3, "max_prompt_seq_len": 32, "max_answer_seq_len": 12}')
-    assert answer_length(actor, prompts, args) == 12
+    assert answer_length(actor, prompts) == 12

@@ -11,3 +11,16 @@ def test_the_score_table_has_a_column_per_group_the_checker_scored():
     assert lines[0] == "| actor | decoding | all | chain_sum | gcd |"
     assert lines[2:] == ["| before (baseline) | greedy | 0.250 | 0.500 | 0.000 |",
                          "| after (fine-tuned) | greedy | 0.250 | 0.500 | 0.000 |"]
+
+
+def test_the_report_counts_the_sampled_pairs(tmp_path):
+    import json
+
+    from utils.runtime.report import pipeline_report
+
+    (tmp_path / "meta.json").write_text(json.dumps({"counts": {"train": {"prompts": 40, "pairs": 31,
+                                                                         "mean_score": 0.75}}}))
+    report = pipeline_report({"pairs": tmp_path}, {"pairs": 12.0})
+    assert "| 2 sampled pairs | train pairs kept / prompts (mean judge score of the answers) | 31 / 40 (0.750) |" \
+        in report
+    assert "sampled pairs" not in pipeline_report({"pairs": tmp_path / "none"}, {})
