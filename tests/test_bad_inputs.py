@@ -181,6 +181,7 @@ CASES = [
     Case("dpo --beta of zero", "dpo", [*STEP2, "--beta", "0"], ("--beta must be positive, not 0.0",)),
     Case("dpo --label_smoothing of one half", "dpo", [*STEP2, "--label_smoothing", "0.5"],
          ("--label_smoothing must be in [0, 0.5), not 0.5",)),
+    Case("dpo negative --rpo_alpha", "dpo", [*STEP2, "--rpo_alpha", "-1"], ("--rpo_alpha must be a number >= 0, not -1.0",)),
     Case("dpo label smoothing with IPO", "dpo", [*STEP2, "--loss_type", "ipo", "--label_smoothing", "0.1"],
          ("--label_smoothing applies to --loss_type sigmoid and simpo, not ipo",)),
     Case("dpo SimPO with a reference flag", "dpo", [*STEP2, "--loss_type", "simpo", "--precompute_ref_logps"],

@@ -30,7 +30,7 @@ import torch
 from utils.data.data_utils import DataCollatorPreference, ListDataset
 from utils.model.model_utils import create_hf_model, model_forward_kwargs, resolve_model_path
 from utils.rl.frozen import frozen_causal_lm, frozen_ds_config
-from utils.rl.losses import PREFERENCE_LOSS_TYPES, preference_loss
+from utils.rl.losses import PREFERENCE_LOSS_TYPES, chosen_nll, preference_loss
 from utils.rl.tokens import sequence_logprobs
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import print_rank_0, to_device
@@ -59,6 +59,9 @@ def parse_args(argv=None):
                      help="Conservative DPO: the probability that a pair's preference label is wrong (0 <= eps < "
                           "0.5); sigmoid and simpo only.")
     dpo.add_argument("--simpo_gamma", type=float, default=0.5, help="SimPO's target reward margin.")
+    dpo.add_argument("--rpo_alpha", type=float, default=0.0,
+                     help="Weight of the chosen answers' per-token negative log-likelihood added to the loss (RPO, "
+                          "TRL's rpo_alpha; 0: none). Keeps chosen log-probs from falling with the rejected ones'.")
     dpo.add_argument("--precompute_ref_logps", action="store_true",
                      help="Compute the reference's log-probs of every train and eval pair once before training, "
                           "then free the reference.")
@@ -68,6 +71,8 @@ def parse_args(argv=None):
 def check_dpo_args(args):
     if not args.beta > 0:
         raise ConfigError(f"--beta must be positive, not {args.beta}")
+    if not 0.0 <= args.rpo_alpha < float("inf"):
+        raise ConfigError(f"--rpo_alpha must be a number >= 0, not {args.rpo_alpha}")
     if not 0.0 <= args.label_smoothing < 0.5:
         raise ConfigError(f"--label_smoothing must be in [0, 0.5), not {args.label_smoothing}")
     if args.loss_type == "ipo" and args.label_smoothing > 0:
@@ -136,6 +141,10 @@ def preference_batch_loss(policy, reference, batch, args):
     loss, stats = preference_loss(args.loss_type, logps[:pairs], logps[pairs:], ref_chosen, ref_rejected,
                                   lengths[:pairs], lengths[pairs:], beta=args.beta,
                                   label_smoothing=args.label_smoothing, simpo_gamma=args.simpo_gamma)
+    if args.rpo_alpha:
+        nll = chosen_nll(logps[:pairs], lengths[:pairs])
+        loss = loss + args.rpo_alpha * nll
+        stats["chosen_nll"] = nll.detach()
     stats.update(chosen_logps=logps[:pairs].detach().mean(), rejected_logps=logps[pairs:].detach().mean())
     return loss, stats
 

@@ -226,6 +226,16 @@ def simpo_loss(
     return loss, _reward_stats(chosen, rejected)
 
 
+def chosen_nll(policy_chosen_logps: torch.Tensor, chosen_lengths: torch.Tensor) -> torch.Tensor:
+    """RPO's language-modelling term (Pang et al. 2024, TRL's rpo_alpha): the chosen answers' negative log-likelihood
+    per token, mean over pairs,
+
+        nll = mean( -log pi(y_w|x) / |y_w| )      (|y_w|: answer tokens, EOS in)
+
+    Added to a preference loss, it keeps the chosen answers' likelihood from falling with the rejected ones'."""
+    return (-policy_chosen_logps.float() / chosen_lengths.float().clamp(min=1)).mean()
+
+
 def preference_loss(
     loss_type: str,
     policy_chosen_logps: torch.Tensor,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from utils.rl.losses import dpo_loss, ipo_loss, preference_loss, simpo_loss
+from utils.rl.losses import chosen_nll, dpo_loss, ipo_loss, preference_loss, simpo_loss
 from utils.rl.tokens import sequence_logprobs
 
 
@@ -144,3 +144,12 @@ def test_sequence_logprobs_sum_answer_labels_only():
     assert result.tolist() == pytest.approx([math.log(0.75) + math.log(0.25), math.log(0.75)])
     with pytest.raises(ValueError, match="must be"):
         sequence_logprobs(logits, input_ids, answer_mask[:, :2])
+
+
+def test_chosen_nll_is_the_per_token_mean_over_pairs_hand_worked():
+    """RPO's term: -(-4 / 2) and -(-3 / 3) -> (2 + 1) / 2 = 1.5; its gradient raises the chosen log-probs."""
+    logps = torch.tensor([-4.0, -3.0], requires_grad=True)
+    nll = chosen_nll(logps, torch.tensor([2, 3]))
+    assert nll.item() == pytest.approx(1.5)
+    nll.backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([-0.25, -1 / 6]))
