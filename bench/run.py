@@ -18,7 +18,9 @@ alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks 
   7. step 3's actor forward + backward on answer groups, each prompt run once for its group against every row's
      full pass (bench/groups.py; tiny and the ~100M Llama), and the two's largest logit difference;
   8. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
-     process, by thread count and OpenMP wait policy, and with what utils.runtime.threads picks.
+     process, by thread count and OpenMP wait policy, and with what utils.runtime.threads picks;
+  9. only when asked (`--sections compile`): step 1's tokens/s and MFU with --compile against without (one engine
+     run compiled and eager in alternation), for each of --models, and the seconds the compile took.
 """
 import argparse
 import json
@@ -34,7 +36,7 @@ import torch
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
 SECTIONS = ("step1", "rollout", "ppo", "memory", "packing", "groups")
 NOT_QUICK = ("packing", "groups")
-OPT_IN_SECTIONS = ("threads",)
+OPT_IN_SECTIONS = ("threads", "compile")
 TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_100m": 0.4, "busy_slowdown": 2.5, "packing_ratio": 1.3}
 
 
@@ -96,6 +98,8 @@ def main(argv=None):
         from bench.threads import measure_threads
 
         results["threads"] = measure_threads(repeats=min(args.repeats, 2))
+    if "compile" in args.sections:
+        results["compile"] = run_compile(args)
     results["machine"]["load_average_end"] = os.getloadavg()
     results["wall_time_s"] = time.time() - start
     from bench.measure import summarize_tree
@@ -148,6 +152,22 @@ def run_step1(args):
                           + result["baseline"].pop("peak_flops"))
         step1[model] = result
     return step1, mfu
+
+
+def run_compile(args):
+    """Section 9: --compile against eager, for each model."""
+    import gc
+
+    from bench.step1 import measure_compile
+
+    results = {}
+    for model in args.models:
+        print(f"step 1 --compile: {model}", flush=True)
+        result = measure_compile(model, args.repeats, args.warmup)
+        result["peak_flops"] = result["ours"].pop("peak_flops") + result["baseline"].pop("peak_flops")
+        results[model] = result
+        gc.collect()
+    return results
 
 
 def run_step3(args):
@@ -238,6 +258,14 @@ def format_report(results):
         lines.append(f"| MFU, step 1 {model} {r['dtype']} (of the {r['dtype']} matmul peak, "
                      f"{spread(r['peak_flops'], 1e-9, 0)} GFLOP/s) | {spread(r['ours'], 100)} % | "
                      f"{spread(r['baseline'], 100)} % | | {target} |")
+    for model, r in results.get("compile", {}).items():
+        lines.append(f"| step 1 train tokens/s, {model} {r['dtype']} (batch {r['batch_size']}, seq <= {r['seq_len']}) "
+                     f"--compile vs eager (compile {r['compile_seconds']:.0f} s) | {spread(r['ours']['tokens'])} | "
+                     f"{spread(r['baseline']['tokens'])} | {spread(r['ratio'], digits=3)} | |")
+        target = f">= {TARGETS['mfu_100m']:.0%}" if model == "llama-100m" else ""
+        lines.append(f"| MFU, step 1 {model} {r['dtype']} --compile vs eager (of the {r['dtype']} matmul peak, "
+                     f"{spread(r['peak_flops'], 1e-9, 0)} GFLOP/s) | "
+                     f"{spread(r['ours']['mfu'], 100)} % | {spread(r['baseline']['mfu'], 100)} % | | {target} |")
     if "packing" in results:
         lines += ["", format_packing(results["packing"])]
     if "ppo" in results:

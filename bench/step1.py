@@ -23,13 +23,13 @@ CASES = {"tiny": {"dtype": "auto", "batch_size": 64, "seq_len": 64, "steps_per_r
 ADAM_BETAS = (0.9, 0.95)  # utils.runtime.ds_utils.create_optimizer's default
 
 
-def step1_args(path, dtype, batch_size, seq_len, zero_stage=0):
+def step1_args(path, dtype, batch_size, seq_len, zero_stage=0, compiled=False):
     """Step 1's parsed flags for this model and batch (every other flag at step 1's default)."""
     from training.step1_supervised_finetuning.main import parse_args
 
     args = parse_args(["--model_name_or_path", path, "--output_dir", "unused", "--dtype", dtype,
                        "--per_device_train_batch_size", str(batch_size), "--max_seq_len", str(seq_len),
-                       "--zero_stage", str(zero_stage)])
+                       "--zero_stage", str(zero_stage), *(["--compile"] if compiled else [])])
     args.dtype = resolve_dtype(args.dtype)
     return args
 
@@ -150,7 +150,6 @@ def with_peak_probe(run, dtype, peaks):
 def measure_step1(model_name, repeats, warmup, num_batches=8):
     """Tokens/s and FLOP/s of ours and of the bare loop (pairs), their ratio, and the MFU of each run: its FLOP/s
     over the FLOP/s of a large matmul in the same dtype measured just before it."""
-    from bench.measure import paired_rates
     from utils.model.model_utils import count_parameters, load_tokenizer
 
     case = CASES[model_name]
@@ -162,16 +161,58 @@ def measure_step1(model_name, repeats, warmup, num_batches=8):
     engine = build_engine(args, tokenizer)
     bare = BareTrainer(args, tokenizer)
     steps = case["steps_per_run"]
-    peaks = {"ours": [], "baseline": []}
     ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
     baseline = batch_runner(bare.train_step, batches, bare.model.config, steps)
-    rates = paired_rates(with_peak_probe(ours, args.dtype, peaks["ours"]),
-                         with_peak_probe(baseline, args.dtype, peaks["baseline"]), repeats, warmup,
-                         desc=f"step 1 {model_name}")
+    rates = paired_mfu(ours, baseline, args.dtype, repeats, warmup, desc=f"step 1 {model_name}")
+    rates.update(parameters=count_parameters(engine.module), dtype=args.dtype,
+                 batch_size=args.per_device_train_batch_size, seq_len=args.max_seq_len, steps_per_run=steps)
+    return rates
+
+
+def paired_mfu(ours, baseline, dtype, repeats, warmup, desc):
+    """`paired_rates` of two batch runners, each run preceded by a matmul peak in `dtype`, and the MFU of each run:
+    its FLOP/s over that peak (lists `mfu` and `peak_flops` on each side)."""
+    from bench.measure import paired_rates
+
+    peaks = {"ours": [], "baseline": []}
+    rates = paired_rates(with_peak_probe(ours, dtype, peaks["ours"]),
+                         with_peak_probe(baseline, dtype, peaks["baseline"]), repeats, warmup, desc=desc)
     for side in ("ours", "baseline"):
         side_peaks = peaks[side][warmup:]
         rates[side]["mfu"] = [flops / peak for flops, peak in zip(rates[side]["flops"], side_peaks)]
         rates[side]["peak_flops"] = side_peaks
-    rates.update(parameters=count_parameters(engine.module), dtype=args.dtype,
+    return rates
+
+
+def measure_compile(model_name, repeats, warmup, num_batches=8):
+    """Step 1 with --compile (`ours`) against without (`baseline`): tokens/s, FLOP/s and MFU as `measure_step1`
+    measures them. One engine, built as step 1 builds it with --compile, steps compiled and eager
+    (`utils.runtime.engine.eager`) in alternation, so both sides train the same weights on the same batches.
+    Before the timed runs the compiled engine takes one step on each batch: the compile (and a recompile for each
+    new shape), whose seconds are `compile_seconds`."""
+    from utils.model.model_utils import count_parameters, load_tokenizer
+    from utils.runtime.engine import eager
+
+    case = CASES[model_name]
+    path = model_path(model_name)
+    tokenizer = load_tokenizer(path)
+    args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"], compiled=True)
+    batches = step1_batches(model_name, tokenizer, args, num_batches)
+    torch.manual_seed(args.seed)
+    engine = build_engine(args, tokenizer)
+    start = time.perf_counter()
+    for batch in batches:
+        engine_train_step(engine, batch)
+    compile_seconds = time.perf_counter() - start
+
+    def eager_step(batch):
+        with eager():
+            return engine_train_step(engine, batch)
+
+    steps = case["steps_per_run"]
+    ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
+    baseline = batch_runner(eager_step, batches, engine.module.config, steps)
+    rates = paired_mfu(ours, baseline, args.dtype, repeats, warmup, desc=f"step 1 {model_name} --compile")
+    rates.update(parameters=count_parameters(engine.module), dtype=args.dtype, compile_seconds=compile_seconds,
                  batch_size=args.per_device_train_batch_size, seq_len=args.max_seq_len, steps_per_run=steps)
     return rates

@@ -57,6 +57,10 @@ def add_training_args(parser, default_lr=1e-3, default_epochs=1):
     group.add_argument("--gradient_checkpointing", action="store_true",
                        help="Enable HF gradient checkpointing for the model: recompute activations in the backward "
                             "pass, less memory for more time.")
+    group.add_argument("--compile", action="store_true",
+                       help="torch.compile the model (TorchInductor, forward and backward; evaluations stay eager). "
+                            "The first step compiles, minutes on a small CPU; the speed-up is measured by `python -m bench "
+                            "--sections compile`.")
     add_schedule_args(group, default_epochs)
     return group
 
@@ -176,12 +180,13 @@ def add_checkpoint_args(parser):
     return group
 
 
-# Flags that may differ between a run and its --resume: they change what is printed, logged or saved when, never
-# the weights a run ends with. Every other flag shapes training and is checked against the checkpoint's.
+# Flags that may differ between a run and its --resume: they change what is printed, logged or saved when, or how
+# fast it runs, never the weights a run ends with (--compile: only by float rounding). Every other flag shapes
+# training and is checked against the checkpoint's.
 RESUME_MAY_CHANGE = ("resume", "overwrite_output_dir", "save_steps", "save_total_limit", "print_interval",
                      "print_answers", "print_answers_interval", "enable_tensorboard", "tensorboard_path",
                      "per_device_eval_batch_size", "eval_iters", "data_output_path", "local_rank", "deepspeed",
-                     "deepscale")
+                     "deepscale", "compile")
 
 
 def training_flags(args, step):

@@ -39,13 +39,33 @@ def init_train_engine(model, *, ds_config, learning_rate, weight_decay, lora_lea
 
 
 def train_engine_from_args(model, ds_config, args, num_training_steps):
-    """Steps 1 and 2 (and bench/): LoRA and activation checkpointing from their flags, then the engine."""
+    """Steps 1 and 2 (and bench/): LoRA and activation checkpointing from their flags, then the engine, compiled
+    with --compile."""
     prepare_trainable(model, lora_dim=args.lora_dim, lora_module_name=args.lora_module_name,
                       only_optimize_lora=args.only_optimize_lora, gradient_checkpointing=args.gradient_checkpointing)
-    return init_train_engine(model, ds_config=ds_config, learning_rate=args.learning_rate,
-                             weight_decay=args.weight_decay, lora_learning_rate=args.lora_learning_rate,
-                             offload=args.offload, lr_scheduler_type=args.lr_scheduler_type,
-                             num_warmup_steps=args.num_warmup_steps, num_training_steps=num_training_steps)
+    engine = init_train_engine(model, ds_config=ds_config, learning_rate=args.learning_rate,
+                               weight_decay=args.weight_decay, lora_learning_rate=args.lora_learning_rate,
+                               offload=args.offload, lr_scheduler_type=args.lr_scheduler_type,
+                               num_warmup_steps=args.num_warmup_steps, num_training_steps=num_training_steps)
+    if args.compile:
+        compile_engine(engine)
+    return engine
+
+
+def compile_engine(engine):
+    """`torch.compile` of the model (TorchInductor; the backward too, through AOTAutograd), by DeepSpeed's
+    `engine.compile()`: it compiles the module in place (`nn.Module.compile`), so the module, its parameters and
+    its state dict keep their names and saving, checkpoints and ZeRO's hooks see the same model. The first
+    training step compiles (minutes on a small CPU; later runs reuse TorchInductor's cache), and so does the first
+    batch of a new length (then lengths are traced as dynamic). Evaluations run eager (`eager`)."""
+    engine.compile()
+    return engine
+
+
+def eager():
+    """A context in which compiled modules run eager: evaluations, whose eval mode and no-grad would each
+    need a compile of their own, for a few batches."""
+    return torch.compiler.set_stance("force_eager")
 
 
 def skip_allreduce_without_data_parallelism(engine):

@@ -68,10 +68,13 @@ class LoopState:
         self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
 
     def evaluator(self, engine, evaluate):
-        """run_eval(when) -> scores: `evaluate()` ({name: float}), printed as `eval <when>: ...` and written to
-        TensorBoard at the engine's step."""
+        """run_eval(when) -> scores: `evaluate()` ({name: float}, run eager under --compile), printed as
+        `eval <when>: ...` and written to TensorBoard at the engine's step."""
+        from utils.runtime.engine import eager
+
         def run_eval(when):
-            scores = evaluate()
+            with eager():
+                scores = evaluate()
             print_rank_0(f"eval {when}: {format_scalars(**scores)}")
             self.monitor.write(engine.global_steps, "eval", **scores)
             return scores
