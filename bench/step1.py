@@ -188,8 +188,8 @@ def measure_compile(model_name, repeats, warmup, num_batches=8):
     """Step 1 with --compile (`ours`) against without (`baseline`): tokens/s, FLOP/s and MFU as `measure_step1`
     measures them. One engine, built as step 1 builds it with --compile, steps compiled and eager
     (`utils.runtime.engine.eager`) in alternation, so both sides train the same weights on the same batches.
-    Before the timed runs the compiled engine takes one step on each batch: the compile (and a recompile for each
-    new shape), whose seconds are `compile_seconds`."""
+    Before the timed runs the compiled engine takes one step on a batch of each shape: the compile (and a
+    recompile for a new shape), whose seconds (with those steps') are `compile_seconds`."""
     from utils.model.model_utils import count_parameters, load_tokenizer
     from utils.runtime.engine import eager
 
@@ -201,7 +201,7 @@ def measure_compile(model_name, repeats, warmup, num_batches=8):
     torch.manual_seed(args.seed)
     engine = build_engine(args, tokenizer)
     start = time.perf_counter()
-    for batch in batches:
+    for batch in {tuple(batch["input_ids"].shape): batch for batch in batches}.values():
         engine_train_step(engine, batch)
     compile_seconds = time.perf_counter() - start
 
