@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("machine", "peak_matmul_flops", "step1", "mfu", "rollout", "ppo", "memory")
 
@@ -89,3 +91,18 @@ def test_groups_section_computes_the_same_logits_on_fewer_positions(one_thread):
     assert result["max_logit_difference"] < 1e-4
     assert result["positions"]["ours"] < result["positions"]["baseline"]
     assert len(result["ratio"]) == 1 and result["ratio"][0] > 0
+
+
+@pytest.mark.e2e
+def test_compile_section_measures_compiled_against_eager(tmp_path):
+    output = tmp_path / "results.json"
+    run = subprocess.run([sys.executable, "-m", "bench", "--sections", "compile", "--models", "tiny", "--repeats",
+                          "1", "--output", str(output)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(output.read_text())["compile"]["tiny"]
+    assert result["compile_seconds"] > 0
+    for side in ("ours", "baseline"):
+        for figure in ("tokens", "flops", "mfu"):
+            assert_positive(result[side][figure], f"{side} {figure}")
+    assert_positive(result["ratio"], "ratio")
+    assert "--compile vs eager" in run.stdout
