@@ -10,7 +10,7 @@
 # already set: `python -m utils.runtime.threads` decides, as the python entry points do when started by hand.
 # PYTHON names the interpreter of the thread probe (default: `python` on PATH); train.py sets it to its own, the one
 # whose bin/ (and `deepspeed` launcher) it puts first on PATH.
-# MASTER_PORT picks the rendezvous port (default 29500 + a little randomness, so two runs can share a machine).
+# MASTER_PORT picks the rendezvous port (default: one the kernel has free now, so runs can share a machine).
 # DRY_RUN=1 prints the launcher command instead of running it.
 
 has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
@@ -41,7 +41,8 @@ launch() {
     for name in OMP_NUM_THREADS OMP_WAIT_POLICY GOMP_SPINCOUNT; do
         if [ -n "${!name:-}" ]; then omp+="$name=${!name} "; fi
     done
-    local port=${MASTER_PORT:-$(( 29500 + RANDOM % 1000 ))}
+    local port=${MASTER_PORT:-$("${PYTHON:-python}" -c \
+        'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}
     local cmd=(deepspeed "${launcher_args[@]}" --master_port "$port" "$@")
     if [ -n "${DRY_RUN:-}" ]; then
         echo "$omp${cmd[*]}"
