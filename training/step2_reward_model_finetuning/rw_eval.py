@@ -7,7 +7,8 @@ token (the end score step 2 trains and step 3 uses as the reward):
   prints both scores and whether the good answer scored higher.
 - `--pairs_file F` (JSON lines of prompt/chosen/rejected, the local data format): each pair's scores for the
   first --num_examples, then the accuracy (chosen above rejected) and the mean chosen/rejected scores over the
-  file. Pairs step 2 would skip (identical answers, longer than --max_seq_len) are skipped and counted.
+  file, and the accuracy per skill when every prompt is a built-in task prompt (its eval.json, say). Pairs step 2
+  would skip (identical answers, longer than --max_seq_len) are skipped and counted.
 - `--heldout` (the built-in task only): for every held-out prompt, answers at every checker level (exact, near
   miss, right format only, junk, " I don't know.", truncated); prints the Pearson and Spearman correlations of
   reward-model scores with checker scores, and the pairwise accuracy over pairs of answers to the same prompt
@@ -28,6 +29,7 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import torch
 
+from inference.evaluation import are_task_prompts
 from utils.builtin import task
 from utils.data.data_utils import SampleCounter, pair_sample
 from utils.model.model_utils import resolve_model_path
@@ -126,6 +128,15 @@ def pairwise_agreement(checker_scores, rm_scores, levels=None):
     return agreeing, total
 
 
+def accuracy_by_group(groups, chosen_scores, rejected_scores):
+    """{group: mean over its pairs of [chosen score > rejected score]}, groups in the order first seen (a tie
+    does not count as right)."""
+    right = {}
+    for group, chosen, rejected in zip(groups, chosen_scores, rejected_scores):
+        right.setdefault(group, []).append(chosen > rejected)
+    return {group: sum(values) / len(values) for group, values in right.items()}
+
+
 # --------------------------------------------------------------------------- the three modes
 
 
@@ -181,6 +192,12 @@ def eval_pairs(model, tokenizer, args):
                "num_pairs": len(pairs), "skipped": counter.skipped}
     print(f"accuracy {summary['accuracy']:.4f} over {len(pairs)} pairs; mean score chosen "
           f"{summary['chosen_score']:.3f}, rejected {summary['rejected_score']:.3f}")
+    prompts = [pair["prompt"] for pair in pairs]
+    if are_task_prompts(prompts):
+        by_skill = accuracy_by_group([task.parse_prompt(prompt)[0] for prompt in prompts], chosen, rejected)
+        summary["accuracy_by_skill"] = {skill: by_skill[skill] for skill in task.SKILLS if skill in by_skill}
+        print("accuracy by skill: " + ", ".join(f"{skill} {value:.4f}"
+                                                for skill, value in summary["accuracy_by_skill"].items()))
     return {"mode": "pairs", "pairs_file": args.pairs_file, **summary, "pairs": pairs}
 
 

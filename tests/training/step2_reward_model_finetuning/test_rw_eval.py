@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from training.step2_reward_model_finetuning.rw_eval import (EXAMPLES, average_ranks, pairwise_agreement, pearson,
-                                                            spearman)
+from training.step2_reward_model_finetuning.rw_eval import (EXAMPLES, accuracy_by_group, average_ranks,
+                                                            pairwise_agreement, pearson, spearman)
 from utils.builtin import task
 from utils.data.data_utils import DataCollatorReward, SampleCounter, pair_sample
 from utils.model.reward_model import RewardModel, score_answers
@@ -67,6 +67,12 @@ def test_pairwise_agreement_between_two_levels_only():
     # pairs with the 0.0 answer or of two exact answers are left out
     assert pairwise_agreement(checker, rm, levels=(1.0, 0.5)) == (1, 4)
     assert pairwise_agreement(checker, rm, levels=(0.5, 0.0)) == (1, 2)
+
+
+def test_accuracy_by_group_counts_a_tie_as_wrong():
+    # add: 1 > 0 right, 3 < 4 wrong; reverse: 2 == 2 a tie, wrong; groups in the order first seen
+    assert accuracy_by_group(["add", "reverse", "add"], [1, 2, 3], [0, 2, 4]) == {"add": 0.5, "reverse": 0.0}
+    assert list(accuracy_by_group(["upper", "add"], [1, 1], [0, 0])) == ["upper", "add"]
 
 
 # --------------------------------------------------------------------------- the built-in answers
@@ -177,6 +183,7 @@ def test_pairs_mode_prints_accuracy(reward_dir, tmp_path):
     rejected = score_answers(model, tokenizer, [r["prompt"] for r in kept], [r["rejected"] for r in kept])
     accuracy = sum(c > r for c, r in zip(chosen, rejected)) / 3
     assert f"accuracy {accuracy:.4f} over 3 pairs; mean score chosen {sum(chosen) / 3:.3f}" in result.stdout
+    assert f"accuracy by skill: add {accuracy:.4f}\n" in result.stdout  # every prompt is a sum
 
 
 def test_heldout_mode_correlates_with_the_checker(reward_dir, tmp_path):
