@@ -70,6 +70,9 @@ CASES = [
          ("{tmp}/malformed/train.json: malformed JSON on line 2",)),
     Case("step1 row missing a field", "step1", [*STEP1, "--data_path", "{tmp}/nofield"],
          ("{tmp}/nofield/train.json: row 1 (line 2): missing field 'chosen'",)),
+    Case("step2 message row whose answer is not one assistant message", "step2",
+         [*STEP2, "--data_path", "{tmp}/badmessages.jsonl"],
+         ("{tmp}/badmessages.jsonl: row 2 (line 3): field 'chosen' must end in one assistant message",)),
     Case("step1 data file without rows", "step1", [*STEP1, "--data_path", "{tmp}/empty.jsonl"],
          ("{tmp}/empty.jsonl: no rows",)),
     Case("step1 --data_split with an infinite part", "step1", [*STEP1, "--data_split", "inf,1,1"],
@@ -425,6 +428,10 @@ def write_bad_data(tmp):
         write_jsonl(tmp / "identical" / f"{split}.json", [dict(GOOD_ROW, rejected=GOOD_ROW["chosen"])] * 8)
         write_jsonl(tmp / "malformed" / f"{split}.json", [GOOD_ROW]).write_text(json.dumps(GOOD_ROW) + "\n{not json\n")
     write_jsonl(tmp / "emptyfield.jsonl", [GOOD_ROW] * 3 + [dict(GOOD_ROW, chosen="")] + [GOOD_ROW] * 2)
+    messages = {"prompt": [{"role": "user", "content": "x"}], "chosen": [{"role": "assistant", "content": "y"}],
+                "rejected": [{"role": "assistant", "content": "z"}]}
+    bad_messages = dict(messages, chosen=[{"role": "assistant", "content": "y"}, {"role": "user", "content": "w"}])
+    write_jsonl(tmp / "badmessages.jsonl", [GOOD_ROW, messages, bad_messages] + [GOOD_ROW] * 3)
     (tmp / "empty.jsonl").write_text("\n\n")
     (tmp / "ds_optimizer.json").write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}))
     (tmp / "latin1.txt").write_bytes(" Human: caf\xe9? Assistant:\n".encode("latin-1"))

@@ -54,6 +54,12 @@ def format_turns(tokenizer, turns):
             if assistant is not None:
                 messages.append({"role": "assistant", "content": assistant})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return dialogue_text(turns)
+
+
+def dialogue_text(turns):
+    """(user, assistant) pairs, the last with assistant None, in DeepSpeed-Chat's text form:
+    `" Human: u1 Assistant: a1 Human: u2 Assistant:"`."""
     parts = []
     for user, assistant in turns:
         parts.append(text_prompt(user))

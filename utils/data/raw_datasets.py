@@ -28,9 +28,11 @@ Names understood by `get_raw_dataset(name, seed)`:
   (or eval.jsonl), or a single .json/.jsonl file that is split 9:1 into train/eval.
 
 Local file format: JSON lines (one object per line; blank lines ignored) or one JSON array
-of objects, each with the string fields `prompt`, `chosen` and `rejected` (other fields
-are ignored). The strings are used VERBATIM, unlike DeepSpeed-Chat's local/jsonfile which
-inserts spaces: write them already formatted, e.g.
+of objects, each a preference pair in one of the shapes utils/data/pair_formats.py reads:
+DeepSpeed-Chat's string fields `prompt`, `chosen` and `rejected` (other fields are ignored),
+HH-RLHF's whole dialogues in `chosen` and `rejected`, or lists of chat messages (TRL,
+UltraFeedback, OpenRLHF). Strings in the text form are used VERBATIM, unlike DeepSpeed-Chat's
+local/jsonfile which inserts spaces: write them already formatted, e.g.
     {"prompt": " Human: What is 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}
 Empty strings are refused.
 
@@ -54,6 +56,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from utils.data.pair_formats import read_pair
 from utils.data.prompting import text_prompt
 from utils.runtime.paths import cache_dir
 
@@ -78,7 +81,6 @@ __all__ = [
     "get_raw_dataset",
 ]
 
-REQUIRED_FIELDS = ("prompt", "chosen", "rejected")
 LOCAL_SUFFIXES = (".json", ".jsonl")
 BUILTIN_SEED = 1234
 BUILTIN_FILES = ("train.json", "eval.json", "heldout.json", "unsup.txt")
@@ -134,9 +136,10 @@ def _parse_json_rows(path: Path, text: str) -> list[tuple[Any, str]]:
 def read_local_split(path: str | os.PathLike) -> datasets.Dataset:
     """Read and validate one local split file (JSON lines or a JSON array).
 
-    Each record must be an object whose `prompt`, `chosen` and `rejected` are non-empty
-    strings; other fields are dropped. Rows are numbered from 0 in the messages, lines
-    from 1. Returns a `datasets.Dataset` with exactly those three columns.
+    Each record must be an object holding a preference pair in one of the shapes of
+    utils.data.pair_formats (text form, whole dialogues, or lists of messages); other fields
+    are dropped. Rows are numbered from 0 in the messages, lines from 1. Returns a
+    `datasets.Dataset` with exactly the columns prompt, chosen and rejected, in the text form.
     """
     path = Path(path)
     if not path.is_file():
@@ -151,17 +154,7 @@ def read_local_split(path: str | os.PathLike) -> datasets.Dataset:
     for value, where in _parse_json_rows(path, text):
         if not isinstance(value, dict):
             raise DataError(f"{path}: {where}: expected a JSON object, got {type(value).__name__}")
-        row = {}
-        for field in REQUIRED_FIELDS:
-            if field not in value:
-                raise DataError(f"{path}: {where}: missing field '{field}'")
-            if not isinstance(value[field], str):
-                raise DataError(
-                    f"{path}: {where}: field '{field}' must be a string, got {type(value[field]).__name__}")
-            if not value[field]:
-                raise DataError(f"{path}: {where}: field '{field}' is empty")
-            row[field] = value[field]
-        rows.append(row)
+        rows.append(read_pair(value, f"{path}: {where}"))
     if not rows:
         raise DataError(f"{path}: no rows (the split is empty)")
     return datasets.Dataset.from_list(rows)

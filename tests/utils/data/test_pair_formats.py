@@ -1,0 +1,112 @@
+"""Tests of utils/data/pair_formats.py: each shape of preference row read into the text form, worked out by hand,
+and the rows it refuses, each with one message naming the row and field."""
+import json
+
+import pytest
+
+from utils.data import raw_datasets as rd
+from utils.data.pair_formats import read_pair
+from utils.data.prompting import parse_dialogue
+from utils.runtime.errors import DataError
+
+WHERE = "data.json: row 3"
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def assistant(text):
+    return {"role": "assistant", "content": text}
+
+
+def test_the_text_form_is_kept_verbatim():
+    row = {"prompt": " Human: 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21", "extra": 1}
+    assert read_pair(row, WHERE) == {"prompt": " Human: 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}
+
+
+def test_whole_dialogues_split_at_the_last_shared_assistant_mark():
+    """HH-RLHF: two turns, the answers differing in the second assistant turn only."""
+    chosen = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Capital of France?\n\nAssistant: Paris."
+    rejected = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Capital of France?\n\nAssistant: I don't know."
+    pair = read_pair({"chosen": chosen, "rejected": rejected}, WHERE)
+    assert pair == {"prompt": "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Capital of France?\n\nAssistant:",
+                    "chosen": " Paris.", "rejected": " I don't know."}
+    assert parse_dialogue(pair["prompt"]) == [("Hi", "Hello!"), ("Capital of France?", None)]
+
+
+def test_whole_dialogues_whose_answers_share_a_start_still_cut_at_the_assistant_mark():
+    pair = read_pair({"chosen": "Human: 2+2? Assistant: 4, surely", "rejected": "Human: 2+2? Assistant: 4, maybe"},
+                     WHERE)
+    assert pair == {"prompt": "Human: 2+2? Assistant:", "chosen": " 4, surely", "rejected": " 4, maybe"}
+
+
+def test_messages_with_the_prompt_as_messages_and_the_answers_alone():
+    """TRL's conversational preference form."""
+    row = {"prompt": [{"role": "system", "content": "Be brief."}, user("Hi"), assistant("Hello."), user("2+2?")],
+           "chosen": [assistant("4")], "rejected": [assistant("5")]}
+    assert read_pair(row, WHERE) == {"prompt": " Human: Be brief.\n\nHi Assistant: Hello. Human: 2+2? Assistant:",
+                                     "chosen": " 4", "rejected": " 5"}
+
+
+def test_messages_as_whole_conversations_with_a_prompt_string():
+    """UltraFeedback binarized: `prompt` is the user's text, chosen and rejected the whole conversations."""
+    row = {"prompt": "Name a colour.", "chosen": [user("Name a colour."), assistant(" Blue. ")],
+           "rejected": [user("Name a colour."), assistant("Seven.")], "score_chosen": 8.0}
+    assert read_pair(row, WHERE) == {"prompt": " Human: Name a colour. Assistant:", "chosen": " Blue.",
+                                     "rejected": " Seven."}
+
+
+def test_messages_as_whole_conversations_without_a_prompt_and_with_the_prompt_messages_repeated():
+    chosen, rejected = [user("a"), assistant("b"), user("c"), assistant("d")], [user("a"), assistant("b"),
+                                                                              user("c"), assistant("e")]
+    expected = {"prompt": " Human: a Assistant: b Human: c Assistant:", "chosen": " d", "rejected": " e"}
+    assert read_pair({"chosen": chosen, "rejected": rejected}, WHERE) == expected
+    assert read_pair({"prompt": chosen[:3], "chosen": chosen, "rejected": rejected}, WHERE) == expected
+
+
+def test_a_prompt_string_with_answer_messages():
+    row = {"prompt": "Say hi.", "chosen": [assistant("hi")], "rejected": [assistant("no")]}
+    assert read_pair(row, WHERE) == {"prompt": " Human: Say hi. Assistant:", "chosen": " hi", "rejected": " no"}
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "p", "rejected": "r"}, "missing field 'chosen'"),
+    ({"chosen": "Human: a Assistant: b", "rejected": "Human: x Assistant: y"},
+     "missing field 'prompt', and 'chosen' and 'rejected' share no dialogue up to an 'Assistant:'"),
+    ({"chosen": "Human: a Assistant: b", "rejected": "Human: a Assistant:"},
+     "field 'rejected' has no answer after the shared prompt"),
+    ({"prompt": "p", "chosen": [assistant("a")], "rejected": "r"}, "field 'rejected' must be a non-empty list"),
+    ({"prompt": "p", "chosen": [], "rejected": [assistant("r")]}, "field 'chosen' must be a non-empty list"),
+    ({"prompt": "p", "chosen": [{"role": "bot", "content": "a"}], "rejected": [assistant("r")]},
+     "field 'chosen', message 0: expected"),
+    ({"prompt": "p", "chosen": [{"role": "assistant", "content": ["a"]}], "rejected": [assistant("r")]},
+     "field 'chosen', message 0: expected"),
+    ({"chosen": [assistant("a")], "rejected": [assistant("r")]}, "missing field 'prompt' ('chosen' and 'rejected'"),
+    ({"prompt": 3, "chosen": [assistant("a")], "rejected": [assistant("r")]},
+     "field 'prompt' must be a non-empty string or a list of messages, got int"),
+    ({"prompt": "", "chosen": [assistant("a")], "rejected": [assistant("r")]},
+     "field 'prompt' must be a non-empty string or a list of messages, got an empty string"),
+    ({"prompt": [user("q")], "chosen": [assistant("a"), user("more")], "rejected": [assistant("r")]},
+     "field 'chosen' must end in one assistant message after the prompt, got ['assistant', 'user']"),
+    ({"prompt": [user("q"), assistant("a")], "chosen": [assistant("b")], "rejected": [assistant("c")]},
+     "field 'prompt' must end with a non-empty user message"),
+    ({"prompt": [assistant("a"), user("q")], "chosen": [assistant("b")], "rejected": [assistant("c")]},
+     "field 'prompt': an assistant message comes before any user message"),
+])
+def test_bad_rows_name_the_row_and_field(row, message):
+    with pytest.raises(DataError) as err:
+        read_pair(row, WHERE)
+    assert str(err.value).startswith(WHERE + ": ") and message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_local_file_may_mix_the_shapes_and_reads_as_the_text_form(tmp_path):
+    rows = [{"prompt": " Human: a Assistant:", "chosen": " b", "rejected": " c"},
+            {"chosen": "\n\nHuman: d\n\nAssistant: e", "rejected": "\n\nHuman: d\n\nAssistant: f"},
+            {"prompt": [user("g")], "chosen": [assistant("h")], "rejected": [assistant("i")]}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert rd.read_local_split(path).to_list() == [
+        {"prompt": " Human: a Assistant:", "chosen": " b", "rejected": " c"},
+        {"prompt": "\n\nHuman: d\n\nAssistant:", "chosen": " e", "rejected": " f"},
+        {"prompt": " Human: g Assistant:", "chosen": " h", "rejected": " i"}]

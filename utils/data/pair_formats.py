@@ -1,0 +1,138 @@
+"""The shapes preference rows come in, read into one: DeepSpeed-Chat's text form (prompt, chosen, rejected).
+
+Local data files may hold any of these, row by row (the row's `chosen` decides which):
+
+1. **Text form** (DeepSpeed-Chat, Dahoas/rm-static): `prompt`, `chosen` and `rejected` strings, used verbatim:
+   `{"prompt": " Human: What is 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}`.
+2. **Whole dialogues** (Anthropic HH-RLHF): `chosen` and `rejected` strings each holding the whole conversation
+   and no `prompt`: the prompt is what both share, up to and including the last `Assistant:` in it, and the
+   answers are the rest of each: `{"chosen": "\\n\\nHuman: Hi\\n\\nAssistant: Hello!", "rejected": "\\n\\nHuman:
+   Hi\\n\\nAssistant: Go away."}`.
+3. **Messages** (TRL's conversational form, UltraFeedback binarized, OpenRLHF): `chosen` and `rejected` lists of
+   `{"role": "user" | "assistant" | "system", "content": "..."}`, either the answer alone (with the prompt in
+   `prompt` as a list of messages or as one user string) or the whole conversation (with or without a `prompt`
+   field: the messages both share are the prompt). The answer is the one assistant message after the prompt.
+   The conversation is written in the text form, `" Human: u1 Assistant: a1 Human: u2 Assistant:"`, which a
+   model with a chat template gets back as messages (utils.data.prompting); a system message is put before the
+   first user turn's text, since the text form has no system turn.
+
+Anything else is a `DataError` naming the row and field.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from utils.data.prompting import dialogue_text
+from utils.runtime.errors import DataError
+
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+ROLES = ("system", "user", "assistant")
+ASSISTANT_MARK = "Assistant:"
+
+
+def read_pair(value: dict, where: str) -> dict[str, str]:
+    """{"prompt", "chosen", "rejected"} in the text form from one row of any of the module's shapes; `where`
+    ("<file>: row 3 (line 4)") starts every error."""
+    for field in ("chosen", "rejected"):
+        if field not in value:
+            raise DataError(f"{where}: missing field '{field}'")
+    if isinstance(value["chosen"], list):
+        return _messages_pair(value, where)
+    for field in PAIR_FIELDS:
+        if field == "prompt" and field not in value:
+            continue
+        if not isinstance(value[field], str):
+            kinds = "a string" if field == "prompt" else "a string or a list of messages"
+            raise DataError(f"{where}: field '{field}' must be {kinds}, got {type(value[field]).__name__}")
+        if not value[field]:
+            raise DataError(f"{where}: field '{field}' is empty")
+    if "prompt" in value:
+        return {field: value[field] for field in PAIR_FIELDS}
+    return _dialogues_pair(value["chosen"], value["rejected"], where)
+
+
+def _dialogues_pair(chosen: str, rejected: str, where: str) -> dict[str, str]:
+    """HH-RLHF's whole dialogues: the shared text up to its last `Assistant:` is the prompt."""
+    shared = 0
+    for a, b in zip(chosen, rejected):
+        if a != b:
+            break
+        shared += 1
+    cut = chosen.rfind(ASSISTANT_MARK, 0, shared)
+    if cut < 0:
+        raise DataError(f"{where}: missing field 'prompt', and 'chosen' and 'rejected' share no dialogue up to an "
+                        f"'{ASSISTANT_MARK}' to take it from")
+    cut += len(ASSISTANT_MARK)
+    pair = {"prompt": chosen[:cut], "chosen": chosen[cut:], "rejected": rejected[cut:]}
+    for field in ("chosen", "rejected"):
+        if not pair[field].strip():
+            raise DataError(f"{where}: field '{field}' has no answer after the shared prompt")
+    return pair
+
+
+def _messages_pair(value: dict, where: str) -> dict[str, str]:
+    """Lists of messages: the prompt's messages (given, or shared by both), then one assistant answer each."""
+    chosen = _messages(value["chosen"], where, "chosen")
+    rejected = _messages(value["rejected"], where, "rejected")
+    prompt = value.get("prompt")
+    if isinstance(prompt, list):
+        prompt = _messages(prompt, where, "prompt")
+    elif prompt is not None and not (isinstance(prompt, str) and prompt.strip()):
+        raise DataError(f"{where}: field 'prompt' must be a non-empty string or a list of messages, got "
+                        f"{type(prompt).__name__ if not isinstance(prompt, str) else 'an empty string'}")
+    if isinstance(prompt, list):
+        chosen, rejected = (_after(prompt, messages) for messages in (chosen, rejected))
+    elif len(chosen) > 1 or len(rejected) > 1:  # whole conversations: the prompt is what they share
+        shared = 0
+        while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
+            shared += 1
+        prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
+    else:
+        if prompt is None:
+            raise DataError(f"{where}: missing field 'prompt' ('chosen' and 'rejected' hold the answers only)")
+        prompt = [{"role": "user", "content": prompt}]
+    for field, messages in (("chosen", chosen), ("rejected", rejected)):
+        if len(messages) != 1 or messages[0]["role"] != "assistant":
+            raise DataError(f"{where}: field '{field}' must end in one assistant message after the prompt, got "
+                            f"{[m['role'] for m in messages]}")
+    return {"prompt": _prompt_text(prompt, where), "chosen": " " + chosen[0]["content"].strip(),
+            "rejected": " " + rejected[0]["content"].strip()}
+
+
+def _after(prompt: list[dict], messages: list[dict]) -> list[dict]:
+    """`messages` without `prompt` where they start with it (a whole conversation), else as they are."""
+    return messages[len(prompt):] if messages[:len(prompt)] == prompt else messages
+
+
+def _messages(value: Any, where: str, field: str) -> list[dict]:
+    """A checked list of {"role", "content"} messages."""
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: field '{field}' must be a non-empty list of messages")
+    messages = []
+    for index, message in enumerate(value):
+        if not (isinstance(message, dict) and message.get("role") in ROLES and isinstance(message.get("content"), str)):
+            raise DataError(f"{where}: field '{field}', message {index}: expected {{\"role\": one of "
+                            f"{', '.join(ROLES)}, \"content\": a string}}")
+        messages.append({"role": message["role"], "content": message["content"]})
+    return messages
+
+
+def _prompt_text(messages: list[dict], where: str) -> str:
+    """The prompt's messages in the text form, ending with the `Assistant:` the answer follows."""
+    system = "\n".join(m["content"].strip() for m in messages if m["role"] == "system")
+    turns, user = [], None
+    for message in (m for m in messages if m["role"] != "system"):
+        content = message["content"].strip()
+        if message["role"] == "user":
+            user = content if user is None else f"{user}\n{content}"
+        elif user is None:
+            raise DataError(f"{where}: field 'prompt': an assistant message comes before any user message")
+        else:
+            turns.append((user, content))
+            user = None
+    if user is None or not user:
+        raise DataError(f"{where}: field 'prompt' must end with a non-empty user message")
+    turns.append((user, None))
+    if system:
+        turns[0] = (f"{system}\n\n{turns[0][0]}", turns[0][1])
+    return dialogue_text(turns)
