@@ -24,11 +24,11 @@ Names understood by `get_raw_dataset(name, seed)`:
   train.json and eval.json (DeepSpeed-Chat's name for the same idea).
 * `reasoning_gym:<task>[?key=value&...][,<task>...]`: questions of reasoning-gym tasks, generated in
   memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
-* any existing local path: a directory holding train.json (or train.jsonl) and eval.json
-  (or eval.jsonl), or a single .json/.jsonl file that is split 9:1 into train/eval.
+* any existing local path: a directory holding train.json (or .jsonl, .parquet) and eval.json
+  (or .jsonl, .parquet), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval.
 
-Local file format: JSON lines (one object per line; blank lines ignored) or one JSON array
-of objects, each a preference pair in one of the shapes utils/data/pair_formats.py reads:
+Local file format: JSON lines (one object per line; blank lines ignored), one JSON array
+of objects, or a Parquet file (as hub data sets store theirs), each row a preference pair in one of the shapes utils/data/pair_formats.py reads:
 DeepSpeed-Chat's string fields `prompt`, `chosen` and `rejected` (other fields are ignored),
 HH-RLHF's whole dialogues in `chosen` and `rejected`, or lists of chat messages (TRL,
 UltraFeedback, OpenRLHF). Strings in the text form are used VERBATIM, unlike DeepSpeed-Chat's
@@ -81,7 +81,7 @@ __all__ = [
     "get_raw_dataset",
 ]
 
-LOCAL_SUFFIXES = (".json", ".jsonl")
+LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 BUILTIN_SEED = 1234
 BUILTIN_FILES = ("train.json", "eval.json", "heldout.json", "unsup.txt")
 
@@ -133,8 +133,19 @@ def _parse_json_rows(path: Path, text: str) -> list[tuple[Any, str]]:
     return records
 
 
+def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
+    """(row as a dict, where) for each row of a Parquet file (lists of messages come back as lists of dicts)."""
+    import pyarrow.parquet as pq  # installed with `datasets`
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError kinds for a damaged file
+        raise DataError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
+    return [(value, f"row {i}") for i, value in enumerate(table.to_pylist())]
+
+
 def read_local_split(path: str | os.PathLike) -> datasets.Dataset:
-    """Read and validate one local split file (JSON lines or a JSON array).
+    """Read and validate one local split file (JSON lines, a JSON array, or Parquet).
 
     Each record must be an object holding a preference pair in one of the shapes of
     utils.data.pair_formats (text form, whole dialogues, or lists of messages); other fields
@@ -144,14 +155,18 @@ def read_local_split(path: str | os.PathLike) -> datasets.Dataset:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if path.suffix.lower() == ".parquet":
+        records = _parquet_rows(path)
+    else:
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        except OSError as exc:
+            raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        records = _parse_json_rows(path, text)
     rows = []
-    for value, where in _parse_json_rows(path, text):
+    for value, where in records:
         if not isinstance(value, dict):
             raise DataError(f"{path}: {where}: expected a JSON object, got {type(value).__name__}")
         rows.append(read_pair(value, f"{path}: {where}"))
@@ -445,7 +460,7 @@ def _split_file(directory: Path, stem: str) -> Path:
     candidates = [directory / (stem + suffix) for suffix in LOCAL_SUFFIXES]
     present = [p for p in candidates if p.is_file()]
     if not present:
-        raise DataError(f"{candidates[0]}: file not found (nor {candidates[1].name}); "
+        raise DataError(f"{candidates[0]}: file not found (nor {', '.join(c.name for c in candidates[1:])}); "
                         f"a data directory needs train.json and eval.json")
     if len(present) > 1:
         raise DataError(f"{directory}: both {present[0].name} and {present[1].name} exist; keep one")
@@ -475,7 +490,8 @@ class LocalJsonFile(FieldsAsWritten, RawDataset):
         elif self.path.is_file():
             if self.path.suffix.lower() not in LOCAL_SUFFIXES:
                 raise DataError(f"{self.path}: unsupported file type '{self.path.suffix}'; "
-                                f"expected a .json or .jsonl file, or a directory with train.json and eval.json")
+                                f"expected a .json, .jsonl or .parquet file, or a directory with train.json and "
+                                f"eval.json")
             self.train_file, self.eval_file = self.path, None
             rows = read_local_split(self.path)
             train, evl = split_train_eval(len(rows), seed, str(self.path))

@@ -110,3 +110,29 @@ def test_a_local_file_may_mix_the_shapes_and_reads_as_the_text_form(tmp_path):
         {"prompt": " Human: a Assistant:", "chosen": " b", "rejected": " c"},
         {"prompt": "\n\nHuman: d\n\nAssistant:", "chosen": " e", "rejected": " f"},
         {"prompt": " Human: g Assistant:", "chosen": " h", "rejected": " i"}]
+
+
+def test_a_parquet_file_of_message_rows_reads_like_json(tmp_path):
+    """The form hub data sets are stored in: lists of messages come back from Parquet as lists of dicts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": f"q{i}", "chosen": [user(f"q{i}"), assistant(f"a{i}")],
+             "rejected": [user(f"q{i}"), assistant(f"b{i}")]} for i in range(10)]
+    path = tmp_path / "prefs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    data = rd.LocalJsonFile(path, seed=0)
+    pairs = data.get_train_data().to_list() + data.get_eval_data().to_list()
+    assert len(data.get_eval_data()) == 1
+    assert sorted(pair["prompt"] for pair in pairs) == sorted(f" Human: q{i} Assistant:" for i in range(10))
+    number = {pair["prompt"]: pair["prompt"].split()[1][1:] for pair in pairs}  # " Human: q7 Assistant:" -> "7"
+    assert all((pair["chosen"], pair["rejected"]) == (" a" + number[pair["prompt"]], " b" + number[pair["prompt"]])
+               for pair in pairs)
+
+
+def test_a_damaged_parquet_file_is_one_error_naming_it(tmp_path):
+    path = tmp_path / "train.parquet"
+    path.write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match=r"train\.parquet: not a readable Parquet file") as err:
+        rd.read_local_split(path)
+    assert "\n" not in str(err.value)
