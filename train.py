@@ -184,11 +184,18 @@ def parse_args(argv=None):
     args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
     if args.reward_from_sft is None:
         args.reward_from_sft = args.reward_model == args.actor_model
+    step_flags = []
     for step in (1, 2, 3):
         try:
-            shlex.split(getattr(args, f"step{step}_args"))
+            step_flags += shlex.split(getattr(args, f"step{step}_args"))
         except ValueError as err:  # an unclosed quote
             raise ConfigError(f"--step{step}-args {getattr(args, f'step{step}_args')!r}: {err}") from None
+    if "--data_path" not in step_flags:  # else the steps' own data decides what reasoning_gym scores
+        from utils.rl.reward_fns import check_reward_fn
+
+        for flag, spec in (("--reward-fn", args.reward_fn), ("--pair-judge", args.pair_judge)):
+            if spec:
+                check_reward_fn(spec, args.data_path, flag)
     return args
 
 

@@ -49,11 +49,16 @@ def reasoning_gym_reward_fn(args):
     on the answer to the question the prompt asks, in [0, 1]."""
     from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
 
-    specs = [path for path in getattr(args, "data_path", None) or [] if path.startswith("reasoning_gym:")]
+    return verifier_of(_one_gym_spec(getattr(args, "data_path", None)))
+
+
+def _one_gym_spec(data_paths, flag="--reward_fn"):
+    """The one reasoning-gym spec of `data_paths` that `reasoning_gym` scores; ConfigError otherwise."""
+    specs = [path for path in data_paths or [] if path.startswith("reasoning_gym:")]
     if len(specs) != 1:
-        raise ConfigError("--reward_fn reasoning_gym scores the questions of one --data_path reasoning_gym:<task>... "
+        raise ConfigError(f"{flag} reasoning_gym scores the questions of one --data_path reasoning_gym:<task>... "
                           f"spec, but --data_path gives {len(specs)}")
-    return verifier_of(specs[0])
+    return specs[0]
 
 
 REWARD_FNS = {
@@ -63,17 +68,18 @@ REWARD_FNS = {
 """Reward-function sources by name: NAME -> factory(args) -> reward_fn."""
 
 
-def _import_function(spec):
-    """The function `module:function` or `file.py:function` names; ConfigError naming the spec otherwise."""
+def _import_function(spec, flag="--reward_fn"):
+    """The function `module:function` or `file.py:function` names; ConfigError naming `flag` and the spec
+    otherwise."""
     location, _, attribute = spec.rpartition(":")
     if not location or not attribute:
-        raise ConfigError(f"--reward_fn {spec!r} is neither a known name ({', '.join(sorted(REWARD_FNS))}) nor "
+        raise ConfigError(f"{flag} {spec!r} is neither a known name ({', '.join(sorted(REWARD_FNS))}) nor "
                           "package.module:function or path/to/file.py:function")
     try:
         if location.endswith(".py"):
             path = Path(location)
             if not path.is_file():
-                raise ConfigError(f"--reward_fn {spec}: the file {location} does not exist")
+                raise ConfigError(f"{flag} {spec}: the file {location} does not exist")
             module_spec = importlib.util.spec_from_file_location(path.stem, path)
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
@@ -84,10 +90,10 @@ def _import_function(spec):
     except ChatRLHFError:
         raise
     except Exception as err:  # the user's module failed to import: say which and why, in one line
-        raise ConfigError(f"--reward_fn {spec}: cannot import {location}: {type(err).__name__}: {err}") from None
+        raise ConfigError(f"{flag} {spec}: cannot import {location}: {type(err).__name__}: {err}") from None
     function = getattr(module, attribute, None)
     if not callable(function):
-        raise ConfigError(f"--reward_fn {spec}: {location} has no function {attribute!r}")
+        raise ConfigError(f"{flag} {spec}: {location} has no function {attribute!r}")
     return function
 
 
@@ -96,6 +102,16 @@ def load_reward_fn(spec, args=None):
     if spec in REWARD_FNS:
         return REWARD_FNS[spec](args)
     return _import_function(spec)
+
+
+def check_reward_fn(spec, data_paths, flag):
+    """Refuse (ConfigError naming `flag`) a spec that names no reward function, before anything runs: train.py
+    checks its --reward-fn and --pair-judge so that a typo does not surface only after step 1 has trained. A
+    user's module is imported to find the function."""
+    if spec == "reasoning_gym":
+        _one_gym_spec(data_paths, flag)
+    elif spec not in REWARD_FNS:
+        _import_function(spec, flag)
 
 
 def call_reward_fn(reward_fn, name, prompts, answers):
