@@ -128,7 +128,9 @@ def add_lora_ema_args(parser):
         add(f"--{model}_lora_learning_rate", type=float, default=5e-4,
             help=f"Initial {model} LoRA learning rate (after the potential warmup period) to use.")
     add_only_optimize_lora_arg(group)
-    add("--enable_ema", action="store_true", help="Keep an exponential moving average of the actor (actor_ema/).")
+    add("--enable_ema", action="store_true",
+        help="Keep an exponential moving average of the actor (actor_ema/), in fp32 whatever --dtype (in bf16 "
+             "most of each small update would be rounded away).")
     add("--ema_beta", type=float, default=0.992,
         help="EMA decay: after each actor step, ema <- beta x ema + (1 - beta) x actor.")
 

@@ -51,8 +51,10 @@ class DeepSpeedRLHFEngine:
         use_native_generate_on_cpu()
         self.actor = self._init_actor(actor_path)
         self.ref = self._init_frozen_causal_lm(actor_path, "reference")
-        self.actor_ema = (self._init_frozen_causal_lm(actor_path, "actor_ema", lora_from=self.actor.module)
-                          if args.enable_ema else None)
+        # The EMA is kept in fp32 whatever the run's dtype: in bf16 an update of (1 - beta) x the difference to the
+        # actor (beta 0.992) is mostly under half a unit in the last place of the weight, and rounded away.
+        self.actor_ema = (self._init_frozen_causal_lm(actor_path, "actor_ema", lora_from=self.actor.module,
+                                                      dtype="fp32") if args.enable_ema else None)
         self.critic = self._init_critic(critic_path) if uses_critic(args) else None
         self.reward = self._init_reward(critic_path) if critic_path else None
 
@@ -68,9 +70,10 @@ class DeepSpeedRLHFEngine:
             max_out_tokens=args.max_prompt_seq_len + args.max_answer_seq_len)
         return merge_user_ds_config(config, args.deepspeed_config, batch_flag="--per_device_training_batch_size")
 
-    def _frozen_config(self, trained_stage, offload):
+    def _frozen_config(self, trained_stage, offload, dtype=None):
         return frozen_ds_config(trained_stage=trained_stage, offload=offload, world_size=self.world_size,
-                                micro_batch_size=self.args.per_device_training_batch_size, dtype=self.args.dtype)
+                                micro_batch_size=self.args.per_device_training_batch_size,
+                                dtype=dtype or self.args.dtype)
 
     def _init_actor(self, path):
         from transformers import AutoModelForCausalLM
@@ -83,9 +86,9 @@ class DeepSpeedRLHFEngine:
         print_rank_0(f"actor: {type(engine).__name__}, ZeRO-{args.actor_zero_stage}")
         return engine
 
-    def _init_frozen_causal_lm(self, path, what, lora_from=None):
+    def _init_frozen_causal_lm(self, path, what, lora_from=None, dtype=None):
         args = self.args
-        ds_config = self._frozen_config(args.actor_zero_stage, args.offload_reference_model)
+        ds_config = self._frozen_config(args.actor_zero_stage, args.offload_reference_model, dtype)
         return frozen_causal_lm(path, self.tokenizer, ds_config, what, dropout=args.actor_dropout,
                                 trust_remote_code=args.trust_remote_code, lora_from=lora_from,
                                 lora_dim=args.actor_lora_dim, lora_module_name=args.actor_lora_module_name)

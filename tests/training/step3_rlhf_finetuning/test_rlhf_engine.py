@@ -172,6 +172,32 @@ def test_ema_starts_as_the_actor_and_moves_toward_it_by_the_lerp_formula(distrib
         assert torch.equal(value, actor_now[name]), name
 
 
+def test_the_ema_of_a_bf16_actor_is_fp32_and_keeps_updates_bf16_would_round_away(distributed, step3_model_dirs,
+                                                                                tiny_tokenizer):
+    engine = build_engine(step3_model_dirs, tiny_tokenizer, "--dtype", "bf16", "--enable_ema")
+    actor, ema = engine.actor.module, engine.actor_ema.module
+    assert {p.dtype for p in actor.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in ema.parameters()} == {torch.float32}
+    ema_start = snapshot(ema)
+    with torch.no_grad():
+        for param in actor.parameters():
+            param.add_(0.001)  # an EMA step of 0.008 x 0.001 = 8e-6: under half a bf16 unit in the last place
+    actor_now = {name: value.float() for name, value in snapshot(actor).items()}
+    moving_average(actor, ema, 0.992)
+    ema_now = snapshot(ema)
+    kept = rounded_away = total = 0
+    for name in ema_now:
+        expected = torch.lerp(actor_now[name], ema_start[name], 0.992)
+        assert torch.allclose(ema_now[name], expected, atol=1e-7), name
+        in_bf16 = torch.lerp(actor_now[name].bfloat16(), ema_start[name].bfloat16(), 0.992)
+        differs = actor_now[name] != ema_start[name]  # not where the bf16 actor's own + 0.001 was rounded away
+        kept += int((ema_now[name] != ema_start[name])[differs].sum())
+        rounded_away += int((in_bf16 == ema_start[name].bfloat16())[differs].sum())
+        total += int(differs.sum())
+    assert total > 0.9 * sum(value.numel() for value in ema_now.values())
+    assert kept == total and rounded_away > total / 2  # a bf16 EMA would have lost most of the update
+
+
 def test_offloaded_reference_is_zero3_and_scores_as_a_plain_reference(distributed, step3_model_dirs,
                                                                       tiny_tokenizer):
     engine = build_engine(step3_model_dirs, tiny_tokenizer, "--offload_reference_model")
