@@ -15,6 +15,7 @@ Stages keep DeepSpeed-Chat's step numbers (1 SFT; 2 reward model or DPO; 3 RL): 
 data split's parts (step N trains on part N of `--data-split`) follow them.
 """
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -200,14 +201,27 @@ def parse_args(argv=None):
 
 
 def pipeline(args):
-    """The algorithm's stages, in order (critic-free RL with a reward function needs no reward model; with
-    --pair-judge the sampled pairs come first in step 2)."""
+    """The algorithm's stages, in order (critic-free RL with a reward function needs no reward model; data without
+    reference answers has nothing for step 1 to imitate; with --pair-judge the sampled pairs come first in step
+    2)."""
     names = ALGORITHMS[args.algorithm]
     if args.reward_fn:
         names = tuple(name for name in names if name != "reward")
+    if not has_reference_answers(tuple(args.data_path or ())):
+        names = tuple(name for name in names if name != "sft")
     if args.pair_judge:
         names = (names[0], "pairs", *names[1:])
     return names
+
+
+@functools.lru_cache(maxsize=None)
+def has_reference_answers(data_paths):
+    """Whether the data has answers to imitate: False only for reasoning-gym tasks that any valid solution answers
+    (graph_color, rush_hour...), whose rows hold prompts alone."""
+    from utils.data.reasoning_gym_data import PREFIX, gym_data
+
+    specs = [path for path in data_paths if path.startswith(PREFIX)]
+    return len(specs) < len(data_paths) or not specs or any(gym_data(spec).has_answers() for spec in specs)
 
 
 def model_label(model):
@@ -220,9 +234,12 @@ def stage_model(args, stage):
 
 
 def output_dirs(args):
-    """Every stage of the pipeline -> its output folder."""
-    return {name: Path(args.output_dir) / STAGES[name].output / model_label(stage_model(args, name))
+    """Every stage of the pipeline -> its output folder; "sft" is the base model where step 1 does not run for
+    want of reference answers (the later steps start from it)."""
+    dirs = {name: Path(args.output_dir) / STAGES[name].output / model_label(stage_model(args, name))
             for name in pipeline(args)}
+    dirs.setdefault("sft", args.actor_model)
+    return dirs
 
 
 def pipeline_flags(args):
@@ -418,6 +435,11 @@ def main(argv=None):
     interrupt_hint("resume with --resume")
     dirs = output_dirs(args)
     stages = [name for name in pipeline(args) if STAGES[name].step in args.step]
+    if "sft" not in pipeline(args):
+        print(f"step 1 skipped: {' '.join(args.data_path)} has no reference answers to imitate; later steps start "
+              f"from {args.actor_model}", flush=True)
+    if not stages:
+        raise ConfigError(f"--step {' '.join(map(str, args.step))}: nothing to run for --algorithm {args.algorithm}")
     if not args.dry_run:
         check_inputs(args, stages, dirs)
     wall_times = {}
@@ -448,7 +470,7 @@ def write_report(args, dirs, wall_times, evaluation_path):
     if evaluation_path is not None and evaluation_path.is_file():
         evaluation = json.loads(evaluation_path.read_text())
     command = shlex.join(["python", "train.py", *(sys.argv[1:])])
-    report = pipeline_report(dirs, wall_times, evaluation, command)
+    report = pipeline_report({name: dirs[name] for name in pipeline(args)}, wall_times, evaluation, command)
     (Path(args.output_dir) / "report.md").write_text(report)
     print(f"---- report ({Path(args.output_dir) / 'report.md'})\n{report}", flush=True)
 

@@ -66,6 +66,24 @@ def test_step_one_alone_is_evaluated_against_the_base_model():
     assert commands("--step", "2")[1] is None  # a reward model alone: no actor to compare
 
 
+def test_data_without_reference_answers_skips_step_1_and_rl_starts_from_the_base_model(capsys):
+    """reasoning-gym tasks that any valid solution answers (graph_color) give prompts only: nothing to imitate."""
+    spec = "reasoning_gym:graph_color?size=40"
+    stage_commands, evaluation = commands("--algorithm", "grpo", "--reward-fn", "reasoning_gym", "--data-path", spec)
+    assert list(stage_commands) == ["rl"]
+    assert stage_commands["rl"][2:4] == ["tiny", ""]
+    assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "tiny"
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor"
+    mixed, _ = commands("--algorithm", "grpo", "--reward-fn", "builtin", "--data-path", spec, "builtin")
+    assert list(mixed) == ["sft", "rl"]  # another data set has answers: step 1 trains on those
+    with pytest.raises(SystemExit):
+        train.main(["--output-dir", "out", "--algorithm", "grpo", "--reward-fn", "reasoning_gym", "--data-path",
+                    spec, "--step", "1", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert "step 1 skipped: reasoning_gym:graph_color?size=40 has no reference answers" in out
+    assert err.strip() == "error: --step 1: nothing to run for --algorithm grpo"
+
+
 def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win():
     stage_commands, evaluation = commands("--data-path", "a.jsonl", "b.jsonl", "--data-split", "1,1,1", "--seed",
                                           "7", "--zero-stage", "3", "--step2-args", "--seed 9")

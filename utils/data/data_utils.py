@@ -195,6 +195,10 @@ def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter):
 ANSWER_ROOM = 2
 """An `auto` answer budget is this many times the longest reference answer: room for an answer somewhat longer
 than any reference (a longer one is cut, and step 3 penalises an answer without EOS)."""
+UNMEASURED_ANSWER_TOKENS = 64
+"""The `auto` answer budget of data without reference answers (reasoning-gym tasks that any valid solution
+answers, such as graph_color): nothing to measure, so a fixed budget, printed, that a number given to the flag
+replaces (TRL's GRPO has a fixed default completion length for the same reason)."""
 
 
 def data_bound(length):
@@ -242,7 +246,7 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets):
         --max_seq_len, --max_prompt_seq_len      the longest sample of `datasets` (built with no bound: data_bound)
         --max_answer_seq_len, --max_new_tokens   ANSWER_ROOM x the longest reference answer of `data_paths`
 
-    An answer length asked of data without reference answers is a ConfigError naming the flag."""
+    Data without reference answers gets UNMEASURED_ANSWER_TOKENS for an answer length, and says so."""
     fitted = []
     for name in LENGTH_FLAGS:
         if getattr(args, name, None) != AUTO:
@@ -252,8 +256,9 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets):
         else:
             value = ANSWER_ROOM * longest_answer(data_paths, args.seed, tokenizer)
             if value < 1:
-                raise ConfigError(f"--{name} auto: {', '.join(data_paths)} has no reference answers to measure; "
-                                  f"give --{name} a number of tokens")
+                value = UNMEASURED_ANSWER_TOKENS
+                print_rank_0(f"--{name} auto: {', '.join(data_paths)} has no reference answers to measure; "
+                             f"{value} tokens (give --{name} a number to change it)")
         setattr(args, name, value)
         fitted.append(name)
     if fitted:
@@ -379,8 +384,9 @@ class DataCollatorRLHF:
                 "prompt_text": [s.get("prompt") for s in samples]}
 
 
-def make_dataloader(dataset, collator, batch_size, shuffle, seed=0):
-    """A DataLoader over this rank's share of `dataset` (DistributedSampler when distributed)."""
+def make_dataloader(dataset, collator, batch_size, shuffle, seed=0, drop_last=False):
+    """A DataLoader over this rank's share of `dataset` (DistributedSampler when distributed); `drop_last` leaves
+    out a last batch smaller than `batch_size`."""
     from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
@@ -389,7 +395,7 @@ def make_dataloader(dataset, collator, batch_size, shuffle, seed=0):
         sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
     else:
         sampler = SequentialSampler(dataset)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator, drop_last=drop_last)
 
 
 def create_unsupervised_dataset(name, config_name, tokenizer, block_size, seed):

@@ -47,13 +47,17 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
             rows.append((name, "KL to reference, nats per answer (last tenth)", _fmt(metrics.get("kl_end"))))
             rows.append((name, "answers ending in EOS (last tenth)", _fmt(metrics.get("eos_fraction_end"))))
     if evaluation and {"baseline", "finetune"} <= set(evaluation):
+        # The evaluation compares the step-1 actor with the final one, or the base model with the step-1 actor
+        # when step 1 is the last (or only the RL actor with the base model, when step 1 could not run).
+        later = any(name in stage_dirs for name in ("dpo", "ppo", "rl"))
+        models = "step-1 -> final actor" if later and "sft" in stage_dirs else "base model -> final actor"
         for decoding in ("sampled", "greedy"):
             before, after = evaluation["baseline"].get(decoding, {}), evaluation["finetune"].get(decoding, {})
             if "all" in before and "all" in after:
-                rows.append(("eval", f"held-out checker score, {decoding} (step-1 -> final actor)",
+                rows.append(("eval", f"held-out checker score, {decoding} ({models})",
                              f"{before['all']:.3f} -> {after['all']:.3f}"))
             if "reward" in before and "reward" in after:
-                rows.append(("eval", f"held-out reward-model score, {decoding} (step-1 -> final actor)",
+                rows.append(("eval", f"held-out reward-model score, {decoding} ({models})",
                              f"{before['reward']:.3f} -> {after['reward']:.3f}"))
     for stage, seconds in wall_times.items():
         rows.append((stage, "wall time", f"{seconds:.0f} s"))

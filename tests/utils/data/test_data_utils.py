@@ -406,14 +406,17 @@ def test_auto_lengths_fit_the_longest_sample_and_twice_the_longest_answer(tmp_pa
     assert args.max_prompt_seq_len == max(len(tokenize_prompt(tiny_tokenizer, r["prompt"])) for r in rows("train", 20))
 
 
-def test_an_auto_answer_length_of_data_without_reference_answers_names_the_flag(tiny_tokenizer):
+def test_an_auto_answer_length_of_data_without_reference_answers_is_a_fixed_budget_said_aloud(tiny_tokenizer,
+                                                                                             capsys):
     from argparse import Namespace
 
-    from utils.data.data_utils import fit_auto_lengths
+    from utils.data.data_utils import UNMEASURED_ANSWER_TOKENS, fit_auto_lengths
 
-    args = Namespace(seed=1, max_answer_seq_len="auto")
-    with pytest.raises(ConfigError, match="--max_answer_seq_len auto: reasoning_gym:graph_color.* has no reference"):
-        fit_auto_lengths(args, ["reasoning_gym:graph_color?size=12"], tiny_tokenizer)
+    args = Namespace(seed=1, max_answer_seq_len="auto", max_new_tokens=7)
+    fit_auto_lengths(args, ["reasoning_gym:graph_color?size=12"], tiny_tokenizer)
+    assert args.max_answer_seq_len == UNMEASURED_ANSWER_TOKENS and args.max_new_tokens == 7
+    assert "--max_answer_seq_len auto: reasoning_gym:graph_color?size=12 has no reference answers to measure; " \
+           f"{UNMEASURED_ANSWER_TOKENS} tokens" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text, expected", [("auto", "auto"), ("1", 1), ("64", 64)])
