@@ -24,7 +24,8 @@ passes until an all-reduce says every rank is done, like `generate(synced_gpus=T
 """
 import torch
 
-from utils.model.model_utils import last_logits_kwargs, new_kv_cache, position_ids_from_mask, takes_cache
+from utils.model.model_utils import (cache_kwargs, last_logits_kwargs, new_kv_cache, position_ids_from_mask,
+                                     takes_cache)
 
 COMPACT_FRACTION = 8
 """Finished rows are dropped from the batch once they are at least 1/COMPACT_FRACTION of it (copying the cache
@@ -176,8 +177,8 @@ def _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_t
 
 def _forward(model, cache, input_ids, attention_mask, position_ids):
     """The logits of the last position of each row, (B, V), with the cache updated."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=cache, use_cache=True, **last_logits_kwargs(model, 1))
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                **cache_kwargs(model, cache), **last_logits_kwargs(model, 1))
     return out.logits[:, -1]
 
 

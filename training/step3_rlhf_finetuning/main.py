@@ -68,9 +68,9 @@ def main(argv=None):
                                                          args.seed, tokenizer, data_bound(args.max_prompt_seq_len))
     fit_auto_lengths(args, args.data_path, tokenizer, prompt_dataset, eval_dataset)
     eval_prompts, eval_checker = heldout_prompts(args, eval_dataset) if args.eval_interval else ([], None)
-    # Every round has a whole generation batch (a last, smaller one would not split into training minibatches).
+    # Every round has a whole generation batch (a short last one would not split into training minibatches).
     prompt_loader = make_dataloader(prompt_dataset, DataCollatorRLHF(tokenizer.pad_token_id),
-                                    args.per_device_generation_batch_size, True, args.seed, drop_last=True)
+                                    args.per_device_generation_batch_size, True, args.seed, full_batches=True)
     unsup_batches = None
     if args.unsupervised_dataset_name:
         unsup_dataset = create_unsupervised_dataset(args.unsupervised_dataset_name,
@@ -82,11 +82,6 @@ def main(argv=None):
 
     # Models
     steps_per_epoch = len(prompt_loader) // args.generation_batches * args.generation_batches
-    if len(prompt_loader) == 0:
-        raise ConfigError(f"no PPO round to train: {len(prompt_dataset)} prompts (part 3 of --data_split "
-                          f"{args.data_split} of {' '.join(args.data_path)}) are fewer than one generation batch "
-                          f"(--per_device_generation_batch_size {args.per_device_generation_batch_size} x "
-                          f"{world_size} process(es))")
     if steps_per_epoch == 0:
         raise ConfigError(f"no PPO round to train: --generation_batches {args.generation_batches} is more than the "
                           f"{len(prompt_loader)} prompt batch(es) of an epoch ({len(prompt_dataset)} prompts, "

@@ -384,9 +384,9 @@ class DataCollatorRLHF:
                 "prompt_text": [s.get("prompt") for s in samples]}
 
 
-def make_dataloader(dataset, collator, batch_size, shuffle, seed=0, drop_last=False):
-    """A DataLoader over this rank's share of `dataset` (DistributedSampler when distributed); `drop_last` leaves
-    out a last batch smaller than `batch_size`."""
+def make_dataloader(dataset, collator, batch_size, shuffle, seed=0, full_batches=False):
+    """A DataLoader over this rank's share of `dataset` (DistributedSampler when distributed); with `full_batches`
+    every batch has `batch_size` samples (FullBatchSampler)."""
     from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
@@ -395,7 +395,33 @@ def make_dataloader(dataset, collator, batch_size, shuffle, seed=0, drop_last=Fa
         sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
     else:
         sampler = SequentialSampler(dataset)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator, drop_last=drop_last)
+    if full_batches:
+        sampler = FullBatchSampler(sampler, batch_size)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator)
+
+
+class FullBatchSampler(torch.utils.data.Sampler):
+    """The indices of `sampler`, then its first ones again up to a whole number of batches, so that no batch is
+    short (as DistributedSampler pads ranks to equal shares): step 3 splits each round's rollouts into training
+    minibatches of a fixed size, and a short last batch would not split. An epoch of n samples repeats
+    -n mod batch_size of them; a data set smaller than one batch is repeated to fill it."""
+
+    def __init__(self, sampler, batch_size):
+        self.sampler, self.batch_size = sampler, batch_size
+        self.generator = getattr(sampler, "generator", None)  # the shuffle's generator: checkpoints keep its state
+
+    def set_epoch(self, epoch):
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.sampler) + -len(self.sampler) % self.batch_size
+
+    def __iter__(self):
+        indices = list(self.sampler)
+        while len(indices) % self.batch_size:
+            indices += indices[:-len(indices) % self.batch_size]
+        return iter(indices)
 
 
 def create_unsupervised_dataset(name, config_name, tokenizer, block_size, seed):

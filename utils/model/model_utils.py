@@ -203,7 +203,7 @@ def last_logits_kwargs(model, keep):
 
 
 def new_kv_cache(model):
-    """An empty key/value cache for `model`'s forward (`past_key_values`)."""
+    """An empty key/value cache for `model`'s forward (`cache_kwargs`)."""
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
@@ -212,12 +212,21 @@ def new_kv_cache(model):
 def takes_cache(model):
     """Whether `model`'s forward takes position ids and a key/value cache object (and it has a config to build
     one from): what decoding with `new_kv_cache` needs."""
-    return _takes_cache(type(model)) and hasattr(model, "config")
+    return _cache_keyword(type(model)) is not None and hasattr(model, "config")
+
+
+def cache_kwargs(model, cache):
+    """The keyword argument passing `cache` to `model`'s forward: `cache` (transformers 5.24 on) or
+    `past_key_values` (before; 5.24 still takes it, with a deprecation warning)."""
+    return {_cache_keyword(type(getattr(model, "module", model))): cache}
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_cache(model_class):
-    return {"position_ids", "past_key_values"} <= set(inspect.signature(model_class.forward).parameters)
+def _cache_keyword(model_class):
+    parameters = set(inspect.signature(model_class.forward).parameters)
+    if "position_ids" not in parameters:
+        return None
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
 
 
 def answer_logits(model, seq, attention_mask, prompt_len):
@@ -246,14 +255,14 @@ def answer_logits(model, seq, attention_mask, prompt_len):
     cache = new_kv_cache(module)
     unique_mask = prompt_mask[first]
     prefill = model(input_ids=unique, attention_mask=unique_mask, position_ids=position_ids_from_mask(unique_mask),
-                    past_key_values=cache, use_cache=True, **last_logits_kwargs(module, 1)).logits[:, -1:]
+                    use_cache=True, **cache_kwargs(module, cache), **last_logits_kwargs(module, 1)).logits[:, -1:]
     logits = prefill[inverse]  # (B, 1, V): predicts each row's first answer token
     if answers.shape[1] > 1:
         cache.batch_select_indices(inverse)
         mask = attention_mask[:, :-1]
         positions = position_ids_from_mask(mask)[:, prompt_len:]
-        rest = model(input_ids=answers[:, :-1], attention_mask=mask, position_ids=positions, past_key_values=cache,
-                     use_cache=True).logits
+        rest = model(input_ids=answers[:, :-1], attention_mask=mask, position_ids=positions, use_cache=True,
+                     **cache_kwargs(module, cache)).logits
         logits = torch.cat([logits, rest], dim=1)
     return logits
 

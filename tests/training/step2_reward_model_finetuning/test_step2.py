@@ -154,7 +154,9 @@ def launch(tmp_path, deployment, zero_stage, max_steps, timeout):
     result = run(["bash", str(STEP_DIR / "training_scripts" / deployment / "run.sh"), str(out), str(zero_stage),
                   "tiny", "--max_steps", str(max_steps), "--per_device_train_batch_size", "32", "--max_seq_len",
                   "64", "--eval_iters", "4", "--per_device_eval_batch_size", "16", "--print_interval", "10",
-                  "--data_output_path", str(tmp_path / "cache")], timeout=timeout)
+                  # fp32: the saved folder, loaded in fp32, must reproduce the run's own scores to 1e-4 (a bf16 run,
+                  # auto on a CPU with native bf16, scores in bf16 arithmetic: ~1e-3 apart).
+                  "--dtype", "fp32", "--data_output_path", str(tmp_path / "cache")], timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "eval after training: accuracy=" in result.stdout
     return out

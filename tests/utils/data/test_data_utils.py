@@ -424,3 +424,24 @@ def test_length_flags_take_a_positive_number_or_auto(text, expected):
     from utils.runtime.args import length_or_auto
 
     assert length_or_auto(text) == expected
+
+
+@pytest.mark.parametrize("size, batch_size", [(10, 4), (8, 4), (3, 8), (1, 3)])
+def test_full_batch_sampler_repeats_the_first_indices_up_to_whole_batches(size, batch_size):
+    from utils.data.data_utils import make_dataloader
+
+    loader = make_dataloader(list(range(size)), lambda samples: samples, batch_size, shuffle=True, seed=3,
+                             full_batches=True)
+    loader.sampler.set_epoch(0)
+    batches = list(loader)
+    assert len(batches) == len(loader) == -(-size // batch_size)
+    assert all(len(batch) == batch_size for batch in batches)
+    order = [index for batch in batches for index in batch]
+    assert sorted(order[:size]) == list(range(size))  # every sample once, in the shuffled order
+    assert all(order[i] == order[i % size] for i in range(len(order)))  # then the first ones again
+    generator = loader.sampler.generator  # the shuffle's own generator: checkpoints save and restore its state
+    assert generator is loader.sampler.sampler.generator
+    state = generator.get_state()
+    first = list(loader)
+    generator.set_state(state)
+    assert list(loader) == first
