@@ -216,12 +216,29 @@ def pipeline(args):
 
 @functools.lru_cache(maxsize=None)
 def has_reference_answers(data_paths):
-    """Whether the data has answers to imitate: False only for reasoning-gym tasks that any valid solution answers
-    (graph_color, rush_hour...), whose rows hold prompts alone."""
-    from utils.data.reasoning_gym_data import PREFIX, gym_data
+    """Whether the data has answers to imitate: False for prompts alone (a local file of questions, reasoning-gym
+    tasks that any valid solution answers, such as graph_color). Anything else (hub data sets, whose reading needs
+    the network, the built-in task, a path that does not exist: the step says what is wrong with it) is taken to
+    have them."""
+    from utils.data.raw_datasets import get_raw_dataset
+    from utils.runtime.errors import DataError
 
-    specs = [path for path in data_paths if path.startswith(PREFIX)]
-    return len(specs) < len(data_paths) or not specs or any(gym_data(spec).has_answers() for spec in specs)
+    for path in data_paths or ("builtin",):
+        if not (path.startswith("reasoning_gym:") or path != "builtin" and Path(path).exists()):
+            return True
+        raw = get_raw_dataset(path, seed=1234)
+        try:
+            if any(raw.get_chosen(row) is not None for row in raw.get_train_data()):
+                return True
+        except DataError:  # a reasoning-gym spec none of whose tasks has reference answers
+            continue
+    return False
+
+
+def has_checker(data_paths):
+    """Whether the closing evaluation scores the data with a checker of its own: the built-in task's, or the
+    verifiers of reasoning-gym tasks."""
+    return all(path == "builtin" or path.startswith("reasoning_gym:") for path in data_paths or ["builtin"])
 
 
 def model_label(model):
@@ -385,6 +402,8 @@ def evaluation_command(args, stages, dirs):
     else:
         baseline, finetune = dirs["sft"], actor_dir(dirs, trained[-1])
     reward = ["--reward_model", str(dirs["reward"])] if "reward" in dirs and trained[-1] != "sft" else []
+    if args.reward_fn and not has_checker(args.data_path):  # the RL's own yardstick where the data has none
+        reward += ["--reward_fn", args.reward_fn]
     data = ["--data_path", *args.data_path] if args.data_path else []
     script = ROOT / "training" / STAGES["sft"].folder / "prompt_eval.py"
     return [sys.executable, str(script), "--model_name_or_path_baseline", str(baseline),

@@ -2,6 +2,7 @@
 gets from the pipeline, the closing evaluation's models, and the interpreter the run scripts use. Commands are
 built in process, or printed by `train.py --dry-run` (no launcher runs);
 tests/training/step1_supervised_finetuning/test_step1.py runs the real thing."""
+import json
 import os
 import shlex
 import subprocess
@@ -82,6 +83,28 @@ def test_data_without_reference_answers_skips_step_1_and_rl_starts_from_the_base
     out, err = capsys.readouterr()
     assert "step 1 skipped: reasoning_gym:graph_color?size=40 has no reference answers" in out
     assert err.strip() == "error: --step 1: nothing to run for --algorithm grpo"
+
+
+def test_a_local_file_of_prompts_alone_skips_step_1_and_one_with_answers_does_not(tmp_path):
+    questions, answered = tmp_path / "questions.jsonl", tmp_path / "answered.jsonl"
+    questions.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?"}) + "\n" for i in range(10)))
+    answered.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "completion": f" {i + 1}"}) + "\n"
+                                for i in range(10)))
+    stage_commands, _ = commands("--algorithm", "rloo", "--reward-fn", "builtin", "--data-path", str(questions))
+    assert list(stage_commands) == ["rl"]
+    stage_commands, _ = commands("--algorithm", "rloo", "--reward-fn", "builtin", "--data-path", str(answered))
+    assert list(stage_commands) == ["sft", "rl"]
+
+
+def test_the_closing_evaluation_scores_data_without_a_checker_with_the_rl_reward_function(tmp_path):
+    checks = tmp_path / "checks.py"
+    checks.write_text("def score(prompts, answers):\n    return [0.0] * len(answers)\n")
+    spec = f"{checks}:score"
+    _, evaluation = commands("--algorithm", "grpo", "--reward-fn", spec, "--data-path", "questions.jsonl")
+    assert evaluation[evaluation.index("--reward_fn") + 1] == spec
+    for data in (["--data-path", "builtin"], []):  # the built-in checker (or a verifier) is the yardstick there
+        _, evaluation = commands("--algorithm", "grpo", "--reward-fn", spec, *data)
+        assert "--reward_fn" not in evaluation
 
 
 def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win():

@@ -56,6 +56,10 @@ def parse_args(argv=None):
                         help="Write the scores and all answers here (see inference.evaluation.evaluate_models).")
     parser.add_argument("--reward_model", type=str, default=None,
                         help="A reward-model folder (step 2 output): also report each model's mean reward.")
+    parser.add_argument("--reward_fn", type=str, default=None,
+                        help="Score the answers with this reward function instead of the data's checker (its mean is "
+                             "the 'all' score): builtin, reasoning_gym, package.module:function or "
+                             "path/to/file.py:function, as step 3's --reward_fn.")
     parser.add_argument("--dtype", type=str, default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                         help="auto: bf16 on a CPU with native bf16 (AMX / AVX-512 BF16), fp32 otherwise.")
     parser.add_argument("--trust_remote_code", action="store_true",
@@ -76,6 +80,18 @@ def parse_args(argv=None):
     return args
 
 
+def reward_fn_checker(args):
+    """The evaluation's checker from --reward_fn: {"all": the mean of its scores}."""
+    from utils.rl.reward_fns import call_reward_fn, load_reward_fn
+
+    reward_fn = load_reward_fn(args.reward_fn, args)
+
+    def checker(prompts, answers):
+        return {"all": call_reward_fn(reward_fn, args.reward_fn, prompts, answers).mean().item()}
+
+    return checker
+
+
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
@@ -87,6 +103,8 @@ def main(argv=None):
     else:
         prompts, checker = heldout_set(args.data_path, args.seed)
     prompts = prompts[:args.num_prompts]
+    if args.reward_fn:
+        checker = reward_fn_checker(args)
     if args.max_new_tokens == AUTO:
         from utils.data.data_utils import fit_auto_lengths
         from utils.model.model_utils import load_tokenizer
@@ -123,7 +141,8 @@ def main(argv=None):
         print(format_side_by_side(prompts, results, args.num_show))
     table = format_score_table(results)
     if table:
-        what = ("mean reasoning-gym score (each task's own verifier, 0 to 1)" if checker else
+        what = (f"mean score of the reward function --reward_fn {args.reward_fn}" if args.reward_fn else
+                "mean reasoning-gym score (each task's own verifier, 0 to 1)" if checker else
                 "mean checker score (1 exact, 0.5 near miss, 0.25 right format only, 0 otherwise)")
         print(f"\n{what}" + ("; reward: mean reward-model score" if args.reward_model else ""))
         print(table)

@@ -16,6 +16,10 @@ Local data files may hold any of these, row by row (the row's `chosen` decides w
    model with a chat template gets back as messages (utils.data.prompting); a system message is put before the
    first user turn's text, since the text form has no system turn.
 
+4. **Prompts alone, or prompts with one answer**: a row with `prompt` and no `chosen` / `rejected` (RL prompts:
+   step 3, the evaluation), or with `chosen` (or TRL's `completion`) and no `rejected` (step 1 as well); the
+   missing answers are None, and a step that needs them skips the row (counted in its log).
+
 Anything else is a `DataError` naming the row and field.
 """
 from __future__ import annotations
@@ -30,12 +34,15 @@ ROLES = ("system", "user", "assistant")
 ASSISTANT_MARK = "Assistant:"
 
 
-def read_pair(value: dict, where: str) -> dict[str, str]:
-    """{"prompt", "chosen", "rejected"} in the text form from one row of any of the module's shapes; `where`
-    ("<file>: row 3 (line 4)") starts every error."""
-    for field in ("chosen", "rejected"):
-        if field not in value:
-            raise DataError(f"{where}: missing field '{field}'")
+def read_pair(value: dict, where: str) -> dict[str, str | None]:
+    """{"prompt", "chosen", "rejected"} in the text form from one row of any of the module's shapes (answers None
+    where the row has none); `where` ("<file>: row 3 (line 4)") starts every error."""
+    if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
+        value = {**value, "chosen": value["completion"]}
+    if "rejected" in value and "chosen" not in value:
+        raise DataError(f"{where}: missing field 'chosen'")
+    if "chosen" not in value or "rejected" not in value:
+        return _unpaired(value, where)
     if isinstance(value["chosen"], list):
         return _messages_pair(value, where)
     for field in PAIR_FIELDS:
@@ -49,6 +56,25 @@ def read_pair(value: dict, where: str) -> dict[str, str]:
     if "prompt" in value:
         return {field: value[field] for field in PAIR_FIELDS}
     return _dialogues_pair(value["chosen"], value["rejected"], where)
+
+
+def _unpaired(value: dict, where: str) -> dict[str, str | None]:
+    """A prompt alone, or with one answer: the missing answers None."""
+    if "prompt" not in value:
+        raise DataError(f"{where}: missing field 'prompt' (a row needs a prompt, or 'chosen' and 'rejected')")
+    if "chosen" not in value:
+        prompt = value["prompt"]
+        if isinstance(prompt, list):
+            return {"prompt": _prompt_text(_messages(prompt, where, "prompt"), where), "chosen": None,
+                    "rejected": None}
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise DataError(f"{where}: field 'prompt' must be a non-empty string or a list of messages, got "
+                            f"{type(prompt).__name__ if not isinstance(prompt, str) else 'an empty string'}")
+        return {"prompt": prompt, "chosen": None, "rejected": None}
+    chosen = value["chosen"]
+    twin = {**value, "rejected": chosen}  # read as a pair with itself, then the copy dropped
+    pair = _messages_pair(twin, where) if isinstance(chosen, list) else read_pair(twin, where)
+    return {**pair, "rejected": None}
 
 
 def _dialogues_pair(chosen: str, rejected: str, where: str) -> dict[str, str]:

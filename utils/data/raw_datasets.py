@@ -509,6 +509,12 @@ class LocalJsonFile(FieldsAsWritten, RawDataset):
     def get_eval_data(self):
         return self._eval
 
+    def get_chosen(self, sample):
+        return None if sample["chosen"] is None else super().get_chosen(sample)  # a prompt-only row
+
+    def get_rejected(self, sample):
+        return None if sample["rejected"] is None else super().get_rejected(sample)
+
 
 # --------------------------------------------------------------------------- builtin
 

@@ -220,3 +220,33 @@ def test_the_answer_length_defaults_to_the_one_the_finetuned_model_was_trained_t
     assert f"--max_new_tokens {40 - longest}: " in capsys.readouterr().out
     (actor / TRAINING_SETTINGS).write_text('{"step": 3, "max_prompt_seq_len": 32, "max_answer_seq_len": 12}')
     assert answer_length(actor, prompts) == 12
+
+
+def test_prompt_eval_scores_prompt_only_data_with_a_users_reward_function(tmp_path, capsys, monkeypatch):
+    """A user's RL set-up: questions without answers and a program that checks answers. --reward_fn is the
+    evaluation's checker: 'all' is the mean of its scores of the recorded answers."""
+    from training.step1_supervised_finetuning import prompt_eval
+
+    folder = tmp_path / "questions"
+    folder.mkdir()
+    for split in ("train", "eval"):
+        (folder / f"{split}.jsonl").write_text("".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"Say {word}."}]}) + "\n"
+            for word in ("cat", "dog", "sun", "sky", "sea")))
+    (tmp_path / "checks.py").write_text(
+        "def length_score(prompts, answers):\n"
+        "    assert all(p.startswith(' Human: Say ') for p in prompts)\n"
+        "    return [min(len(a.split()), 4) / 4 for a in answers]\n")
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "evaluation.json"
+    prompt_eval.main(["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny",
+                      "--data_path", str(folder), "--reward_fn", "checks.py:length_score", "--max_new_tokens", "6",
+                      "--num_show", "0", "--output_json", str(output)])
+    assert "mean score of the reward function --reward_fn checks.py:length_score" in capsys.readouterr().out
+    results = json.loads(output.read_text())
+    for name in ("baseline", "finetune"):
+        for decoding in ("sampled", "greedy"):
+            answers = results[name]["answers"][decoding]
+            assert len(answers) == 5  # the eval split of a folder: its eval.jsonl
+            expected = sum(min(len(a.split()), 4) / 4 for a in answers) / len(answers)
+            assert results[name][decoding] == {"all": pytest.approx(expected)}

@@ -136,3 +136,42 @@ def test_a_damaged_parquet_file_is_one_error_naming_it(tmp_path):
     with pytest.raises(DataError, match=r"train\.parquet: not a readable Parquet file") as err:
         rd.read_local_split(path)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("row, expected", [
+    ({"prompt": "Solve 2+2.", "id": 7}, {"prompt": "Solve 2+2.", "chosen": None, "rejected": None}),
+    ({"prompt": [user("Solve 2+2.")]}, {"prompt": " Human: Solve 2+2. Assistant:", "chosen": None, "rejected": None}),
+    ({"prompt": " Human: 2+2? Assistant:", "completion": " 4"},
+     {"prompt": " Human: 2+2? Assistant:", "chosen": " 4", "rejected": None}),
+    ({"prompt": [user("2+2?")], "chosen": [assistant("4")]},
+     {"prompt": " Human: 2+2? Assistant:", "chosen": " 4", "rejected": None}),
+    ({"prompt": "2+2?", "chosen": [user("2+2?"), assistant("4")]},
+     {"prompt": " Human: 2+2? Assistant:", "chosen": " 4", "rejected": None}),
+])
+def test_prompts_alone_or_with_one_answer(row, expected):
+    """RL prompts (OpenRLHF's prompt data, a verifier's questions) and SFT rows (TRL's prompt-completion form)."""
+    assert read_pair(row, WHERE) == expected
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"chosen": "c"}, "missing field 'prompt' (a row needs a prompt, or 'chosen' and 'rejected')"),
+    ({"prompt": "  "}, "field 'prompt' must be a non-empty string or a list of messages, got an empty string"),
+    ({"prompt": {"text": "q"}}, "field 'prompt' must be a non-empty string or a list of messages, got dict"),
+])
+def test_bad_unpaired_rows_name_the_row_and_field(row, message):
+    with pytest.raises(DataError) as err:
+        read_pair(row, WHERE)
+    assert str(err.value) == f"{WHERE}: {message}"
+
+
+def test_prompt_only_rows_feed_step_3_and_step_1_skips_them(tmp_path, tiny_tokenizer, capsys):
+    from utils.data.data_utils import create_prompt_dataset
+
+    rows = [{"prompt": f" Human: What is {i} + 1? Assistant:"} for i in range(20)]
+    rows += [{"prompt": f" Human: What is {i} + 2? Assistant:", "completion": f" {i + 2}"} for i in range(20)]
+    for split in ("train", "eval"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    prompts, _ = create_prompt_dataset([str(tmp_path)], "1,1,1", str(tmp_path / "cache"), 3, 1, tiny_tokenizer, 64)
+    sft, _ = create_prompt_dataset([str(tmp_path)], "1,1,1", str(tmp_path / "cache"), 1, 1, tiny_tokenizer, 64)
+    assert len(prompts) == 13 and 0 < len(sft) < 13  # a third of 40 rows; step 1 keeps those with an answer
+    assert "no answer" in capsys.readouterr().out

@@ -322,7 +322,7 @@ def test_malformed_json_array_names_line(tmp_path):
 
 
 @pytest.mark.parametrize("bad, expected", [
-    ({"prompt": "p", "chosen": "c"}, r"row 1 \(line 3\): missing field 'rejected'"),
+    ({"prompt": "p", "rejected": "r"}, r"row 1 \(line 3\): missing field 'chosen'"),
     ({"prompt": "p", "chosen": 7, "rejected": "r"}, r"row 1 \(line 3\): field 'chosen' must be a string or a list of messages, got int"),
     ({"prompt": None, "chosen": "c", "rejected": "r"}, r"row 1 \(line 3\): field 'prompt' must be a string, got NoneType"),
     ({"prompt": "", "chosen": "c", "rejected": "r"}, r"row 1 \(line 3\): field 'prompt' is empty"),
