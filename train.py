@@ -224,7 +224,8 @@ def has_reference_answers(data_paths):
     from utils.runtime.errors import DataError
 
     for path in data_paths or ("builtin",):
-        if not (path.startswith("reasoning_gym:") or path != "builtin" and Path(path).exists()):
+        readable_here = path.startswith("reasoning_gym:") or (path != "builtin" and Path(path).exists())
+        if not readable_here:
             return True
         raw = get_raw_dataset(path, seed=1234)
         try:
