@@ -17,8 +17,9 @@ Local data files may hold any of these, row by row (the row's `chosen` decides w
    first user turn's text, since the text form has no system turn.
 
 4. **Prompts alone, or prompts with one answer**: a row with `prompt` and no `chosen` / `rejected` (RL prompts:
-   step 3, the evaluation), or with `chosen` (or TRL's `completion`) and no `rejected` (step 1 as well); the
-   missing answers are None, and a step that needs them skips the row (counted in its log).
+   step 3, the evaluation), or with `chosen` (or TRL's `completion`, or a whole chat in `messages`, its last
+   message the answer) and no `rejected` (step 1 as well); the missing answers are None, and a step that needs
+   them skips the row (counted in its log).
 
 Anything else is a `DataError` naming the row and field.
 """
@@ -39,6 +40,12 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
     where the row has none); `where` ("<file>: row 3 (line 4)") starts every error."""
     if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
         value = {**value, "chosen": value["completion"]}
+    if "messages" in value and not {"prompt", "chosen"} & set(value):  # a chat: its last message is the answer
+        messages = _messages(value["messages"], where, "messages")
+        if len(messages) < 2 or messages[-1]["role"] != "assistant":
+            raise DataError(f"{where}: field 'messages' must end with an assistant message (the answer) after the "
+                            "prompt's")
+        value = {**value, "prompt": messages[:-1], "chosen": messages}
     if "rejected" in value and "chosen" not in value:
         raise DataError(f"{where}: missing field 'chosen'")
     if "chosen" not in value or "rejected" not in value:
