@@ -33,7 +33,9 @@ class RewardModel(nn.Module):
         # OPT projects its hidden states to word_embed_proj_dim on the way out.
         hidden = getattr(self.config, "word_embed_proj_dim", None) or getattr(self.config, "hidden_size", None) \
             or self.config.n_embd
-        self.v_head = nn.Linear(hidden, 1, bias=False)
+        # In the backbone's dtype: under ZeRO-3 its weights are partitioned in the training dtype as they load, and
+        # DeepSpeed's ZeRO-3 optimizer refuses a model of mixed dtypes (an fp32 head beside bf16 weights).
+        self.v_head = nn.Linear(hidden, 1, bias=False, dtype=next(backbone.parameters()).dtype)
         self.num_padding_at_beginning = num_padding_at_beginning
         self.base_model_name = base_model_name
 

@@ -168,3 +168,12 @@ def test_a_value_head_of_the_wrong_shape_is_refused(small_config, tiny_tokenizer
     save_safetensors({"weight": torch.zeros(1, 7)}, tmp_path / VALUE_HEAD_FILE)
     with pytest.raises(ConfigError, match="value head of shape"):
         RewardModel.from_pretrained(tmp_path, tiny_tokenizer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_value_head_takes_the_backbones_dtype(small_config, dtype):
+    """Under ZeRO-3 the backbone is partitioned in the training dtype as it loads; DeepSpeed's ZeRO-3 optimizer
+    refuses a model of mixed dtypes, so a new head must not be fp32 beside bf16 weights."""
+    backbone = AutoModel.from_config(small_config("llama")).to(dtype)
+    model = RewardModel(backbone)
+    assert {p.dtype for p in model.parameters()} == {dtype}
