@@ -236,12 +236,6 @@ def has_reference_answers(data_paths):
     return False
 
 
-def has_checker(data_paths):
-    """Whether the closing evaluation scores the data with a checker of its own: the built-in task's, or the
-    verifiers of reasoning-gym tasks."""
-    return all(path == "builtin" or path.startswith("reasoning_gym:") for path in data_paths or ["builtin"])
-
-
 def model_label(model):
     """The folder name of a model's outputs: `facebook/opt-1.3b` -> `opt-1.3b`, `./my/model/` -> `model`."""
     return Path(model.rstrip("/")).name or "model"
@@ -403,6 +397,8 @@ def evaluation_command(args, stages, dirs):
     else:
         baseline, finetune = dirs["sft"], actor_dir(dirs, trained[-1])
     reward = ["--reward_model", str(dirs["reward"])] if "reward" in dirs and trained[-1] != "sft" else []
+    from inference.evaluation import has_checker
+
     if args.reward_fn and not has_checker(args.data_path):  # the RL's own yardstick where the data has none
         reward += ["--reward_fn", args.reward_fn]
     data = ["--data_path", *args.data_path] if args.data_path else []

@@ -21,6 +21,12 @@ def builtin_prompts():
     return [record["prompt"] for record in task.heldout_prompts(builtin_data_dir())]
 
 
+def has_checker(data_paths):
+    """Whether the held-out questions of the data are scored by a checker of their own (heldout_set): the built-in
+    task's, or reasoning-gym tasks' verifiers. None: the default data, `builtin`."""
+    return all(path == "builtin" or path.startswith("reasoning_gym:") for path in data_paths or ["builtin"])
+
+
 def heldout_set(data_paths, seed=1234):
     """(prompts, checker) of the held-out questions of one or more data paths. `builtin`: the built-in task's
     held-out prompts, checker None (evaluate_models' default, `task.summarize_scores`: keys "all" and per skill);

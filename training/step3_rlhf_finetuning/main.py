@@ -23,7 +23,7 @@ import random
 import time
 
 from training.step3_rlhf_finetuning.arguments import parse_args
-from inference.evaluation import heldout_set
+from inference.evaluation import has_checker, heldout_set
 from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, mean_stats
 from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
@@ -195,7 +195,7 @@ def heldout_prompts(args, eval_dataset):
     checker (the built-in task, a reasoning-gym spec) gives those, scored as the closing evaluation scores them
     (inference.evaluation.heldout_set); other data the prompts of its eval split, checker None (the mean reward
     is reported)."""
-    if all(path == "builtin" or path.startswith("reasoning_gym:") for path in args.data_path):
+    if has_checker(args.data_path):
         prompts, checker = heldout_set(args.data_path)
         return prompts[:args.eval_prompts], checker
     return [sample["prompt"] for sample in eval_dataset][:args.eval_prompts], None
