@@ -25,6 +25,7 @@ Anything else is a `DataError` naming the row and field.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from utils.data.prompting import dialogue_text
@@ -74,10 +75,7 @@ def _unpaired(value: dict, where: str) -> dict[str, str | None]:
         if isinstance(prompt, list):
             return {"prompt": _prompt_text(_messages(prompt, where, "prompt"), where), "chosen": None,
                     "rejected": None}
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise DataError(f"{where}: field 'prompt' must be a non-empty string or a list of messages, got "
-                            f"{type(prompt).__name__ if not isinstance(prompt, str) else 'an empty string'}")
-        return {"prompt": prompt, "chosen": None, "rejected": None}
+        return {"prompt": _prompt_string(prompt, where), "chosen": None, "rejected": None}
     chosen = value["chosen"]
     twin = {**value, "rejected": chosen}  # read as a pair with itself, then the copy dropped
     pair = _messages_pair(twin, where) if isinstance(chosen, list) else read_pair(twin, where)
@@ -86,11 +84,7 @@ def _unpaired(value: dict, where: str) -> dict[str, str | None]:
 
 def _dialogues_pair(chosen: str, rejected: str, where: str) -> dict[str, str]:
     """HH-RLHF's whole dialogues: the shared text up to its last `Assistant:` is the prompt."""
-    shared = 0
-    for a, b in zip(chosen, rejected):
-        if a != b:
-            break
-        shared += 1
+    shared = len(os.path.commonprefix([chosen, rejected]))
     cut = chosen.rfind(ASSISTANT_MARK, 0, shared)
     if cut < 0:
         raise DataError(f"{where}: missing field 'prompt', and 'chosen' and 'rejected' share no dialogue up to an "
@@ -110,9 +104,8 @@ def _messages_pair(value: dict, where: str) -> dict[str, str]:
     prompt = value.get("prompt")
     if isinstance(prompt, list):
         prompt = _messages(prompt, where, "prompt")
-    elif prompt is not None and not (isinstance(prompt, str) and prompt.strip()):
-        raise DataError(f"{where}: field 'prompt' must be a non-empty string or a list of messages, got "
-                        f"{type(prompt).__name__ if not isinstance(prompt, str) else 'an empty string'}")
+    elif prompt is not None:
+        prompt = _prompt_string(prompt, where)
     if isinstance(prompt, list):
         chosen, rejected = (_after(prompt, messages) for messages in (chosen, rejected))
     elif len(chosen) > 1 or len(rejected) > 1:  # whole conversations: the prompt is what they share
@@ -130,6 +123,14 @@ def _messages_pair(value: dict, where: str) -> dict[str, str]:
                             f"{[m['role'] for m in messages]}")
     return {"prompt": _prompt_text(prompt, where), "chosen": " " + chosen[0]["content"].strip(),
             "rejected": " " + rejected[0]["content"].strip()}
+
+
+def _prompt_string(prompt: Any, where: str) -> str:
+    """A prompt given as one string (beside answers as messages, or alone), checked."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise DataError(f"{where}: field 'prompt' must be a non-empty string or a list of messages, got "
+                        f"{type(prompt).__name__ if not isinstance(prompt, str) else 'an empty string'}")
+    return prompt
 
 
 def _after(prompt: list[dict], messages: list[dict]) -> list[dict]:
@@ -163,7 +164,7 @@ def _prompt_text(messages: list[dict], where: str) -> str:
         else:
             turns.append((user, content))
             user = None
-    if user is None or not user:
+    if not user:
         raise DataError(f"{where}: field 'prompt' must end with a non-empty user message")
     turns.append((user, None))
     if system:

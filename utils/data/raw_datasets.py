@@ -28,10 +28,10 @@ Names understood by `get_raw_dataset(name, seed)`:
   (or .jsonl, .parquet), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval.
 
 Local file format: JSON lines (one object per line; blank lines ignored), one JSON array
-of objects, or a Parquet file (as hub data sets store theirs), each row a preference pair in one of the shapes utils/data/pair_formats.py reads:
-DeepSpeed-Chat's string fields `prompt`, `chosen` and `rejected` (other fields are ignored),
-HH-RLHF's whole dialogues in `chosen` and `rejected`, or lists of chat messages (TRL,
-UltraFeedback, OpenRLHF). Strings in the text form are used VERBATIM, unlike DeepSpeed-Chat's
+of objects, or a Parquet file (as hub data sets store theirs), each row in one of the shapes
+utils/data/pair_formats.py reads: DeepSpeed-Chat's string fields `prompt`, `chosen` and
+`rejected` (other fields are ignored), HH-RLHF's whole dialogues in `chosen` and `rejected`,
+lists of chat messages (TRL, UltraFeedback, OpenRLHF), or prompts alone or with one answer. Strings in the text form are used VERBATIM, unlike DeepSpeed-Chat's
 local/jsonfile which inserts spaces: write them already formatted, e.g.
     {"prompt": " Human: What is 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}
 Empty strings are refused.
