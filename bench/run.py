@@ -15,12 +15,14 @@ alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks 
   5. peak RSS of step 1 and step 3, and of step 1 at ZeRO 0/1/2/3 with one and two processes;
   6. step 1 training tokens/s with --packing against dynamic padding, on synthetic data of dialogue-like
      lengths (bench/packing.py), and both runs' per-step losses (not in --quick);
-  7. step 3's actor forward + backward on answer groups, each prompt run once for its group against every row's
+  7. step 3's sampler against `generate` on 64 distinct prompts and on 4 prompts x 8 answers, for the bench models
+     and SmolLM2-135M when installed (bench/sampler.py; section `sampler`, only when named);
+  8. step 3's actor forward + backward on answer groups, each prompt run once for its group against every row's
      full pass (bench/groups.py; tiny and the ~100M Llama), and the two's largest logit difference;
-  8. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
+  9. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
      process, by thread count and OpenMP wait policy, and with what utils.runtime.threads picks;
-  9. only when asked (`--sections compile`): step 1's tokens/s and MFU with --compile against without (one engine
-     run compiled and eager in alternation), for each of --models, and the seconds the compile took.
+  10. only when asked (`--sections compile`): step 1's tokens/s and MFU with --compile against without (one engine
+      run compiled and eager in alternation), for each of --models, and the seconds the compile took.
 """
 import argparse
 import json
@@ -36,7 +38,7 @@ import torch
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
 SECTIONS = ("step1", "rollout", "ppo", "memory", "packing", "groups")
 NOT_QUICK = ("packing", "groups")
-OPT_IN_SECTIONS = ("threads", "compile")
+OPT_IN_SECTIONS = ("threads", "compile", "sampler")
 TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_100m": 0.4, "busy_slowdown": 2.5, "packing_ratio": 1.3}
 
 
@@ -94,6 +96,8 @@ def main(argv=None):
         for model in args.models:
             print(f"step 3: answer groups, {model}", flush=True)
             results["groups"][model] = measure_groups(model, args.repeats, args.warmup)
+    if "sampler" in args.sections:
+        results["sampler"] = run_sampler(args)
     if "threads" in args.sections:
         from bench.threads import measure_threads
 
@@ -170,6 +174,24 @@ def run_compile(args):
     return results
 
 
+def run_sampler(args):
+    """Section 7: step 3's sampler against `generate`, for each model and shape (12 new tokens, as the tiny
+    recipe's answers)."""
+    import gc
+
+    from bench.sampler import SHAPES, measure_sampler, sampler_models
+    from utils.runtime.ds_utils import training_dtype
+
+    results = {}
+    for model in sampler_models(args.models):
+        for shape in SHAPES:
+            print(f"step 3 sampler: {model}, {shape}", flush=True)
+            results[f"{model} {shape}"] = measure_sampler(model, shape, 12, training_dtype("auto")[0], args.repeats,
+                                                          args.warmup)
+            gc.collect()
+    return results
+
+
 def run_step3(args):
     """Sections 2 (rollouts) and 3 (PPO step) on one RLHF engine of the tiny model."""
     from bench.step3 import build_trainer, measure_ppo, measure_rollout, prompt_batches
@@ -238,6 +260,11 @@ def format_report(results):
         lines.append(f"| step 3 rollout tokens/s, tiny (batch {r['batch_size']}, {r['max_new_tokens']} new) vs HF "
                      f"generate | {spread(r['ours']['tokens'])} | {spread(r['baseline']['tokens'])} | "
                      f"{spread(r['ratio'], digits=3)} | >= {TARGETS['rollout_ratio']} |")
+    for r in results.get("sampler", {}).values():
+        lines.append(f"| step 3 sampler tokens/s, {r['model']} {r['dtype']}, {r['shape']} ({r['rows']} rows, prompts "
+                     f"of <= {r['prompt_len']} tokens, {r['max_new_tokens']} new) vs HF generate | "
+                     f"{spread(r['ours']['tokens'])} | {spread(r['baseline']['tokens'])} | "
+                     f"{spread(r['ratio'], digits=3)} | |")
     if "packing" in results:
         r = results["packing"]
         lengths = r["lengths"]

@@ -10,6 +10,11 @@ instead:
   exponential for every token of the vocabulary (16 x 49152 of them for SmolLM2: ~40 ms a step on one core);
 - the prompt tokens every row starts with (a chat template's system prompt) are run through the model once, for
   one row, and their keys and values copied to all rows: the rows then carry on from that shared prefix;
+- a prompt that several rows answer (a group of `--num_samples_per_prompt` answers) is run once, and its keys
+  and values copied to each of its rows;
+- on a CPU the one-token decoding steps use Hugging Face's "eager" attention (two matmuls and a softmax) instead
+  of PyTorch's fused `scaled_dot_product_attention`, whose CPU kernel was measured 1.3x (fp32) to 6x (bf16)
+  slower for a single query on a Zen 4 core (`python -m bench --sections sampler` measures the whole sampler);
 - rows that have emitted EOS are dropped from the batch (and their cache) instead of being carried to the end;
 - the model computes the logits of the last position only, and the loop has no logits processors, stopping
   criteria or per-step input preparation beyond one column of mask and positions.
@@ -22,6 +27,8 @@ Under ZeRO-3 with more than one rank every forward pass gathers parameters from 
 the same number of them: with `synced=True` a rank whose rows are all finished keeps running (one-token) forward
 passes until an all-reduce says every rank is done, like `generate(synced_gpus=True)`.
 """
+import contextlib
+
 import torch
 
 from utils.model.model_utils import (cache_kwargs, last_logits_kwargs, new_kv_cache, position_ids_from_mask,
@@ -129,32 +136,33 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
     rows = torch.arange(batch, device=device)  # original row of each row of the running batch
     running = torch.ones(batch, dtype=torch.bool, device=device)  # of the running batch: not finished yet
     steps, done = 0, False
-    for step in range(max_new_tokens):
-        if not done:
-            z = logits.float()
-            if temperature != 1.0:
-                z = z / temperature
-            tokens = sample_tokens(nucleus_filter(z, top_p) if top_p < 1.0 else z)
-            answers[rows[running], step] = tokens[running]
-            if return_logprobs:
-                logprobs[rows[running], step] = token_logprobs(z, tokens)[running].float()
-            running &= ~torch.isin(tokens, eos_ids)
-            steps = step + 1
-            done = not bool(running.any())
-        if step == max_new_tokens - 1 or _everyone_done(done, synced, device):
-            break
-        if done:  # other ranks still sample: take part in their parameter gathering
-            model(input_ids=input_ids[:1, -1:], use_cache=False)
-            continue
-        finished = int((~running).sum())
-        if finished and finished * COMPACT_FRACTION >= running.numel():
-            keep = running.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            rows, tokens, mask, next_position = rows[keep], tokens[keep], mask[keep], next_position[keep]
-            running = running[keep]
-        logits = _forward(model, cache, tokens.unsqueeze(1), mask[:, :prompt_len + step + 1],
-                          next_position.unsqueeze(1))
-        next_position = next_position + 1
+    with decoding_attention(model, device):
+        for step in range(max_new_tokens):
+            if not done:
+                z = logits.float()
+                if temperature != 1.0:
+                    z = z / temperature
+                tokens = sample_tokens(nucleus_filter(z, top_p) if top_p < 1.0 else z)
+                answers[rows[running], step] = tokens[running]
+                if return_logprobs:
+                    logprobs[rows[running], step] = token_logprobs(z, tokens)[running].float()
+                running &= ~torch.isin(tokens, eos_ids)
+                steps = step + 1
+                done = not bool(running.any())
+            if step == max_new_tokens - 1 or _everyone_done(done, synced, device):
+                break
+            if done:  # other ranks still sample: take part in their parameter gathering
+                model(input_ids=input_ids[:1, -1:], use_cache=False)
+                continue
+            finished = int((~running).sum())
+            if finished and finished * COMPACT_FRACTION >= running.numel():
+                keep = running.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                rows, tokens, mask, next_position = rows[keep], tokens[keep], mask[keep], next_position[keep]
+                running = running[keep]
+            logits = _forward(model, cache, tokens.unsqueeze(1), mask[:, :prompt_len + step + 1],
+                              next_position.unsqueeze(1))
+            next_position = next_position + 1
 
     seq = torch.cat([input_ids, answers[:, :steps]], dim=1)
     return (seq, logprobs[:, :steps]) if return_logprobs else seq
@@ -162,7 +170,16 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
 
 def _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_tokens):
     """(logits of each row's last prompt token (B, V), mask (B, P + max_new_tokens) of the cache's columns): the
-    prompts run through the model into `cache`, the shared prefix of k tokens once for all rows when k > 0."""
+    prompts run through the model into `cache`, the shared prefix of k tokens once for all rows when k > 0, and
+    each distinct prompt once however many rows it has."""
+    rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
+    distinct, copies = torch.unique(rows, dim=0, return_inverse=True)
+    if distinct.shape[0] < rows.shape[0]:
+        length = input_ids.shape[1]
+        logits, mask = _prefill(model, cache, distinct[:, :length], distinct[:, length:].to(attention_mask.dtype),
+                                k, pad_token_id, max_new_tokens)
+        cache.batch_select_indices(copies)
+        return logits[copies], mask[copies]
     batch = input_ids.shape[0]
     if k:
         prefix, input_ids, attention_mask = split_shared_prefix(input_ids, attention_mask, k, pad_token_id)
@@ -180,6 +197,24 @@ def _forward(model, cache, input_ids, attention_mask, position_ids):
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
                 **cache_kwargs(model, cache), **last_logits_kwargs(model, 1))
     return out.logits[:, -1]
+
+
+@contextlib.contextmanager
+def decoding_attention(model, device):
+    """Within it `model` uses Hugging Face's "eager" attention when it is on a CPU and would use PyTorch's
+    `scaled_dot_product_attention` ("sdpa"): for one query a row, two matmuls and a softmax are faster there (the
+    module docstring). Elsewhere, or for a model that cannot switch, nothing changes."""
+    config = getattr(model, "config", None)
+    switch = (device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa"
+              and hasattr(model, "set_attn_implementation") and model._can_set_attn_implementation())
+    if not switch:
+        yield
+        return
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation("sdpa")
 
 
 def _everyone_done(done, synced, device):

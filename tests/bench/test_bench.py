@@ -108,3 +108,15 @@ def test_compile_section_measures_compiled_against_eager(tmp_path):
             assert_positive(result[side][figure], f"{side} {figure}")
     assert_positive(result["ratio"], "ratio")
     assert "--compile vs eager" in run.stdout
+
+
+def test_sampler_section_measures_both_sides_on_the_groups_shape(one_thread):
+    """bench/sampler.py on one small batch: both sides generate answer tokens for 4 prompts x 8 rows."""
+    from bench.sampler import measure_sampler, sampler_models
+
+    assert sampler_models(["tiny"])[0] == "tiny"
+    result = measure_sampler("tiny", "groups", 4, "fp32", repeats=1, warmup=0, batches=1)
+    assert result["rows"] == 32 and result["max_new_tokens"] == 4
+    for side in ("ours", "baseline"):
+        assert len(result[side]["tokens"]) == 1 and 0 < result[side]["tokens"][0] < math.inf
+    assert len(result["ratio"]) == 1 and result["ratio"][0] > 0

@@ -137,10 +137,47 @@ def test_rollout_logprobs_equal_a_training_forward_pass(varied, temperature, top
     check_logprobs(*varied, temperature, top_p)
 
 
-def check_logprobs(model, tokenizer, temperature, top_p):
+def test_a_group_of_answers_to_one_prompt_runs_the_prompt_once(varied):
+    """Rows of one prompt (step 3's --num_samples_per_prompt): the prompt runs for one row of each group, and the
+    answers' log-probs still equal a training pass's."""
+    model, tokenizer = varied
+    batches = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    try:
+        answers = check_logprobs(model, tokenizer, temperature=1.0, top_p=1.0, group=4)
+    finally:
+        hook.remove()
+    prefix, prompts = batches[:2]
+    assert prefix[0] == 1 and prompts[0] == len(QUESTIONS)  # not 4 x len(QUESTIONS)
+    assert batches[2] == (4 * len(QUESTIONS), 1)  # then every row decodes
+    groups = answers.view(len(QUESTIONS), 4, -1)
+    assert any(len({tuple(row) for row in group.tolist()}) > 1 for group in groups)  # a group's answers differ
+
+
+def test_decoding_steps_use_eager_attention_on_a_cpu_and_the_model_is_left_as_it_was(varied):
+    model, tokenizer = varied
+    assert model.config._attn_implementation == "sdpa"
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], module.config._attn_implementation)),
+        with_kwargs=True)
+    try:
+        input_ids, attention_mask = prompt_batch(tokenizer)
+        sample(model, input_ids, attention_mask, 6, eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    finally:
+        hook.remove()
+    assert {implementation for length, implementation in seen if length > 1} == {"sdpa"}  # the prompt
+    assert [implementation for length, implementation in seen if length == 1] == ["eager"] * 5
+    assert model.config._attn_implementation == "sdpa"
+
+
+def check_logprobs(model, tokenizer, temperature, top_p, group=1):
     """log pi(a_t | s_t) as sampling computed it, against step 3's training pass over the finished sequences
-    (the whole sequence at once, positions from the mask, `utils.rl.tokens.logprobs_from_logits`)."""
+    (the whole sequence at once, positions from the mask, `utils.rl.tokens.logprobs_from_logits`), each prompt
+    answered `group` times. Returns the answers."""
     input_ids, attention_mask = prompt_batch(tokenizer)
+    input_ids, attention_mask = input_ids.repeat_interleave(group, 0), attention_mask.repeat_interleave(group, 0)
     eos_ids = stop_ids(tokenizer)
     torch.manual_seed(3)
     seq, logprobs = sample(model, input_ids, attention_mask, 12, temperature=temperature, top_p=top_p,
@@ -155,6 +192,7 @@ def check_logprobs(model, tokenizer, temperature, top_p):
     expected = logprobs_from_logits(logits[:, prompt_len - 1:-1], answers, temperature)
     assert (expected - logprobs).abs().mul(mask).max() < 1e-5
     assert (logprobs * (1 - mask)).abs().max() == 0  # nothing after a row's stop token
+    return answers
 
 
 def test_seeded_sampling_is_reproducible_and_the_shared_prefix_changes_nothing(varied):

@@ -1,0 +1,84 @@
+"""Step 3's sampler (`inference.sampling.sample`) against plain Hugging Face `generate` on one model, in the two
+shapes step 3's recipes sample:
+
+- rows: 64 distinct prompts a batch (the PPO recipes' rollouts);
+- groups: 4 prompts x 8 answers each (`--num_samples_per_prompt 8`, the SmolLM2 reasoning-gym recipe), the same
+  prompt rows given to `generate`, as step 3 would give them.
+
+Prompts are the built-in task's held-out prompts in the model's format (its chat template when it has one);
+sampling at temperature 1 and top-p 1, as step 3 samples by default, up to `max_new_tokens` or EOS. Both sides
+draw from a fixed seed per batch; units are the answer tokens generated, up to and including the first EOS.
+Models: the bench's (`tiny`, `llama-100m`) and `smollm2-135m` (when its package is installed).
+"""
+import time
+
+import torch
+
+SHAPES = {"rows": (64, 1), "groups": (4, 8)}
+"""shape name -> (distinct prompts, answers per prompt) of one rollout batch."""
+
+
+def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, batches=3):
+    """Answer tokens/s of `sample` (ours) and `generate` (baseline) over `batches` prompt batches, pair by pair."""
+    from bench.measure import paired_rates
+    from inference.evaluation import heldout_set
+    from inference.generation import load_causal_lm, tokenize_prompts
+    from inference.sampling import sample
+    from training.step3_rlhf_finetuning.ppo_trainer import answer_action_mask
+    from utils.data.data_utils import attention_mask_left, pad_left
+    from utils.data.prompting import model_prompt
+
+    model, tokenizer = load_causal_lm(_model_path(model_name), dtype)
+    prompts_per_batch, group = SHAPES[shape]
+    texts = [model_prompt(tokenizer, prompt) for prompt in heldout_set("builtin")[0]]
+    prompt_batches = []
+    for index in range(batches):
+        rows = tokenize_prompts(tokenizer, texts[index * prompts_per_batch:(index + 1) * prompts_per_batch])
+        rows = [row for row in rows for _ in range(group)]
+        prompt_batches.append((pad_left(rows, tokenizer.pad_token_id), attention_mask_left(rows)))
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    def ours(input_ids, attention_mask):
+        return sample(model, input_ids, attention_mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+
+    def baseline(input_ids, attention_mask):
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                              do_sample=True, temperature=1.0, top_p=1.0, top_k=0, use_cache=True,
+                              eos_token_id=eos, pad_token_id=pad)
+
+    def runner(generate):
+        def run():
+            tokens = seconds = 0.0
+            for index, (input_ids, attention_mask) in enumerate(prompt_batches):
+                torch.manual_seed(index)
+                start = time.perf_counter()
+                with torch.no_grad():
+                    seq = generate(input_ids, attention_mask)
+                seconds += time.perf_counter() - start
+                tokens += answer_action_mask(seq[:, input_ids.shape[1]:], eos).sum().item()
+            return {"tokens": tokens}, seconds
+        return run
+
+    rates = paired_rates(runner(ours), runner(baseline), repeats, warmup, desc=f"sampler {model_name} {shape}")
+    rates.update(model=model_name, shape=shape, rows=prompts_per_batch * group, max_new_tokens=max_new_tokens,
+                 dtype=dtype, prompt_len=max(input_ids.shape[1] for input_ids, _ in prompt_batches))
+    return rates
+
+
+def sampler_models(names):
+    """The bench models named, and smollm2-135m when its package is installed."""
+    from utils.model.smollm2 import gguf_path
+    from utils.runtime.errors import ConfigError
+
+    try:
+        gguf_path()
+    except ConfigError:
+        return list(names)
+    return [*names, "smollm2-135m"]
+
+
+def _model_path(name):
+    from bench.models import MODELS, model_path
+
+    return model_path(name) if name in MODELS else name
+
