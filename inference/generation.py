@@ -3,10 +3,13 @@
 One piece of code serves the chat CLI, the step-1 prompt evaluation and the step-3 comparison. Prompts are
 tokenized as training tokenizes them (`utils.data.data_utils.tokenize_prompt`: the tokenizer's own special tokens
 added), LEFT-padded with an attention mask so that every prompt of a batch ends at the same column and the
-new tokens of all of them start together; Hugging Face `generate` derives the positions from the mask.
+new tokens of all of them start together. The answers come from step 3's sampler (`inference.sampling.sample`:
+the same distributions, faster) where the model's forward takes a cache object, else from Hugging Face
+`generate`; both derive the positions from the mask.
 """
 import torch
 
+from inference.sampling import sample, supports_native_sampling
 from utils.data.data_utils import attention_mask_left, pad_left
 from utils.data.prompting import encode_prompt_text
 from utils.model.model_utils import check_model_kind, load_pretrained, load_tokenizer, resolve_model_path
@@ -119,7 +122,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
     """The answer to each prompt: only the new text, decoded without special tokens, cut at the first EOS.
 
     Sampling uses `temperature` and nucleus `top_p` only (no top-k, no repetition penalty, whatever the
-    model's generation config says); `greedy` takes the arg-max instead. Prompts are sorted by length and
+    model's generation config says); `greedy` takes the arg-max instead (`inference.sampling.sample`, or HF
+    `generate` for a model it cannot drive). Prompts are sorted by length and
     batched `batch_size` at a time (less padding), and the answers returned in the prompts' order. With a
     `seed` the sampled answers are reproducible for the same prompts and batch size, and the global torch
     random state is left as it was. `desc`: the label of a progress bar over the batches (None: no bar).
@@ -136,10 +140,12 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
     token_ids = check_prompts(model, tokenizer, prompts, max_new_tokens)
     eos_ids = eos_token_ids(model, tokenizer)
-    sampling = {} if greedy else dict(NEUTRAL_SAMPLING, temperature=temperature, top_p=top_p)
-    config = GenerationConfig(**NEUTRAL_PROCESSORS, **sampling, max_new_tokens=max_new_tokens,
-                              do_sample=not greedy, eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
+    sampling = {} if greedy else dict(temperature=temperature, top_p=top_p)
+    config = GenerationConfig(**NEUTRAL_PROCESSORS, **({} if greedy else NEUTRAL_SAMPLING), **sampling,
+                              max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=eos_ids,
+                              pad_token_id=tokenizer.pad_token_id)
     device = next(model.parameters()).device
+    native = supports_native_sampling(model)
     order = sorted(range(len(prompts)), key=lambda i: len(token_ids[i]))
     answers = [None] * len(prompts)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -149,8 +155,12 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
             batch = order[start:start + batch_size]
             rows = [token_ids[i] for i in batch]
             input_ids, attention_mask = pad_left(rows, tokenizer.pad_token_id), attention_mask_left(rows)
-            output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                    generation_config=config)
+            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+            if native:
+                output = sample(model, input_ids, attention_mask, max_new_tokens, **sampling, eos_token_id=eos_ids,
+                                pad_token_id=tokenizer.pad_token_id, greedy=greedy)
+            else:
+                output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
             for i, new_tokens in zip(batch, output[:, input_ids.shape[1]:].tolist()):
                 answers[i] = tokenizer.decode(_cut_at_eos(new_tokens, eos_ids), skip_special_tokens=True)
     return answers

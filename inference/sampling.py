@@ -106,13 +106,15 @@ def token_logprobs(z, tokens):
 
 @torch.no_grad()
 def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, top_p=1.0, eos_token_id=None,
-           pad_token_id=0, synced=False, return_logprobs=False, share_prefix=True):
+           pad_token_id=0, synced=False, return_logprobs=False, share_prefix=True, greedy=False):
     """Sampled continuations of left-padded prompts: seq (B, P + A), and with `return_logprobs` also
     (seq, logprobs (B, A)), logprobs[b, t] = log softmax(logits / temperature)[answer token] (before top-p, as a
     training pass computes it; 0 after the row's EOS).
 
     `eos_token_id` is an id or a list of ids; `synced` keeps this rank stepping until every rank is done (ZeRO-3
-    with more than one rank); `share_prefix` runs the prompt tokens all rows start with once.
+    with more than one rank); `share_prefix` runs the prompt tokens all rows start with once; `greedy` takes each
+    step's most likely token instead of drawing one (temperature and top-p then change nothing but the
+    log-probs).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -142,7 +144,10 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
                 z = logits.float()
                 if temperature != 1.0:
                     z = z / temperature
-                tokens = sample_tokens(nucleus_filter(z, top_p) if top_p < 1.0 else z)
+                if greedy:
+                    tokens = z.argmax(dim=-1)
+                else:
+                    tokens = sample_tokens(nucleus_filter(z, top_p) if top_p < 1.0 else z)
                 answers[rows[running], step] = tokens[running]
                 if return_logprobs:
                     logprobs[rows[running], step] = token_logprobs(z, tokens)[running].float()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from inference.generation import generate, load_causal_lm, max_prompt_tokens, tokenize_prompts
+from inference.sampling import sample
 from utils.builtin import task
 from utils.data.prompting import format_turns
 from utils.model.model_utils import REWARD_MODEL_KEY, load_tokenizer, resolve_model_path
@@ -68,6 +69,31 @@ def test_batched_left_padded_greedy_equals_unbatched_greedy(tiny):
     assert all(isinstance(answer, str) for answer in batched)
     # a batch size that splits the prompts gives the same answers, in the prompts' order
     assert generate(model, tokenizer, PROMPTS, max_new_tokens=10, greedy=True, batch_size=2) == batched
+
+
+def test_answers_come_from_step_3s_sampler_and_greedy_ones_equal_hf_generates(tiny, monkeypatch):
+    import inference.generation as generation
+    from utils.data.data_utils import attention_mask_left, pad_left
+
+    model, tokenizer = tiny
+    calls = []
+    monkeypatch.setattr(generation, "sample", lambda *args, **kwargs: calls.append(kwargs) or sample(*args, **kwargs))
+    ours = generate(model, tokenizer, PROMPTS, max_new_tokens=10, greedy=True, batch_size=len(PROMPTS))
+    assert len(calls) == 1 and calls[0]["greedy"]
+    generate(model, tokenizer, PROMPTS, max_new_tokens=10, temperature=0.7, top_p=0.9, seed=1)
+    assert not calls[1]["greedy"] and (calls[1]["temperature"], calls[1]["top_p"]) == (0.7, 0.9)
+    rows = tokenize_prompts(tokenizer, PROMPTS)
+    input_ids = pad_left(rows, tokenizer.pad_token_id)
+    with torch.no_grad():
+        hf = model.generate(input_ids=input_ids, attention_mask=attention_mask_left(rows), max_new_tokens=10,
+                            do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    expected = [tokenizer.decode(_cut(row.tolist(), tokenizer.eos_token_id), skip_special_tokens=True)
+                for row in hf[:, input_ids.shape[1]:]]
+    assert ours == expected
+
+
+def _cut(tokens, eos_token_id):
+    return tokens[:tokens.index(eos_token_id)] if eos_token_id in tokens else tokens
 
 
 def test_sampling_is_reproducible_with_a_seed_and_leaves_the_global_rng_alone(tiny):
