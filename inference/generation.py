@@ -123,10 +123,11 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
 
     Sampling uses `temperature` and nucleus `top_p` only (no top-k, no repetition penalty, whatever the
     model's generation config says); `greedy` takes the arg-max instead (`inference.sampling.sample`, or HF
-    `generate` for a model it cannot drive). Prompts are sorted by length and
-    batched `batch_size` at a time (less padding), and the answers returned in the prompts' order. With a
-    `seed` the sampled answers are reproducible for the same prompts and batch size, and the global torch
-    random state is left as it was. `desc`: the label of a progress bar over the batches (None: no bar).
+    `generate` for a model it cannot drive). Prompts are sorted by length and batched `batch_size` at a time
+    (less padding; copies of a prompt side by side, so that the sampler runs it once for all of them), and the
+    answers returned in the prompts' order. With a `seed` the sampled answers are reproducible for the same
+    prompts and batch size, and the global torch random state is left as it was. `desc`: the label of a progress
+    bar over the batches (None: no bar).
     """
     from transformers import GenerationConfig
 
@@ -146,7 +147,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
                               pad_token_id=tokenizer.pad_token_id)
     device = next(model.parameters()).device
     native = supports_native_sampling(model)
-    order = sorted(range(len(prompts)), key=lambda i: len(token_ids[i]))
+    order = sorted(range(len(prompts)), key=lambda i: (len(token_ids[i]), token_ids[i]))  # copies together
     answers = [None] * len(prompts)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if seed is not None:
