@@ -13,8 +13,8 @@ instead:
 - a prompt that several rows answer (a group of `--num_samples_per_prompt` answers) is run once, and its keys
   and values copied to each of its rows;
 - on a CPU the one-token decoding steps use Hugging Face's "eager" attention (two matmuls and a softmax) instead
-  of PyTorch's fused `scaled_dot_product_attention`, whose CPU kernel was measured 1.3x (fp32) to 6x (bf16)
-  slower for a single query on a Zen 4 core (`python -m bench --sections sampler` measures the whole sampler);
+  of PyTorch's fused `scaled_dot_product_attention`, whose CPU kernel is slower for a single query, most of all
+  in bf16 (`python -m bench --sections sampler` measures the whole sampler against `generate`);
 - rows that have emitted EOS are dropped from the batch (and their cache) instead of being carried to the end;
 - the model computes the logits of the last position only, and the loop has no logits processors, stopping
   criteria or per-step input preparation beyond one column of mask and positions.
