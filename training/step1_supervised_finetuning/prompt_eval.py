@@ -142,7 +142,8 @@ def main(argv=None):
     table = format_score_table(results)
     if table:
         what = (f"mean score of the reward function --reward_fn {args.reward_fn}" if args.reward_fn else
-                "mean reasoning-gym score (each task's own verifier, 0 to 1)" if checker else
+                "mean reasoning-gym score (each task's own verifier, 0 to 1; solved: the share of answers scored 1)"
+                if checker else
                 "mean checker score (1 exact, 0.5 near miss, 0.25 right format only, 0 otherwise)")
         print(f"\n{what}" + ("; reward: mean reward-model score" if args.reward_model else ""))
         print(table)

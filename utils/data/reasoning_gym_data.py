@@ -490,14 +490,17 @@ class Verifier:
     __call__ = score
 
     def summarize(self, prompts: list[str], answers: list[str]) -> dict[str, float]:
-        """Mean score overall ("all") and per task, tasks in order of first appearance."""
+        """Mean score overall ("all") and per task, tasks in order of first appearance, and "solved": the share
+        of answers scored 1. Many verifiers give partial credit (word_sorting: at least 0.2 for the right words
+        in any order), which a policy can earn without solving anything; "solved" shows it."""
         scores = self.score(prompts, answers)
         if not scores:
             raise ValueError("no prompts to score")
         by_task: dict[str, list[float]] = {}
         for prompt, score in zip(prompts, scores):
             by_task.setdefault(self.item(prompt).task, []).append(score)
-        return {"all": sum(scores) / len(scores), **{task: sum(s) / len(s) for task, s in by_task.items()}}
+        return {"all": sum(scores) / len(scores), **{task: sum(s) / len(s) for task, s in by_task.items()},
+                "solved": sum(score == 1.0 for score in scores) / len(scores)}
 
 
 def reasoning_gym_reward_fn(spec: str):

@@ -176,7 +176,7 @@ def test_prompt_eval_on_reasoning_gym_heldout_questions_scores_per_task(tmp_path
     for name in ("baseline", "finetune"):
         for decoding in ("sampled", "greedy"):
             scores = results[name][decoding]
-            assert list(scores) == ["all", "chain_sum", "syllogism"]
+            assert list(scores) == ["all", "chain_sum", "syllogism", "solved"]
             assert scores == pytest.approx(data.verifier.summarize(prompts, results[name]["answers"][decoding]))
 
 

@@ -266,8 +266,9 @@ def test_eval_interval_scores_a_reasoning_gym_specs_held_out_questions_with_its_
     prompts, checker = heldout_prompts(Namespace(data_path=[spec], eval_prompts=3), eval_dataset=None)
     items = gym_data(spec).parts["heldout"]
     assert prompts == [item.prompt for item in items][:3]
-    assert checker(prompts, [" " + item.answer for item in items[:3]]) == {"all": 1.0, "chain_sum": 1.0}
+    assert checker(prompts, [" " + item.answer for item in items[:3]]) == {"all": 1.0, "chain_sum": 1.0,
+                                                                            "solved": 1.0}
     scores = make_trainer(engine, reasoning_gym_reward_fn(spec)).evaluate(prompts, checker)
     for values in scores.values():  # the verifier's summary by task, and the reward (the same verifier)
-        assert set(values) == {"all", "chain_sum", "reward"}
+        assert set(values) == {"all", "chain_sum", "solved", "reward"}
         assert values["all"] == pytest.approx(values["reward"]) == pytest.approx(values["chain_sum"])

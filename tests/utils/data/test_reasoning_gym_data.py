@@ -164,7 +164,8 @@ def test_multi_task_spec_interleaves_tasks_and_scores_per_task():
     assert [item.task for item in heldout[:4]] == ["chain_sum", "syllogism"] * 2
     prompts = [item.prompt for item in heldout]
     answers = [" " + item.answer if item.task == "chain_sum" else " Maybe" for item in heldout]
-    assert data.verifier.summarize(prompts, answers) == {"all": 0.5, "chain_sum": 1.0, "syllogism": 0.0}
+    assert data.verifier.summarize(prompts, answers) == {"all": 0.5, "chain_sum": 1.0, "syllogism": 0.0,
+                                                          "solved": 0.5}
 
 
 def test_verifier_finds_prompts_in_any_form_and_reads_answer_tags():
@@ -239,3 +240,12 @@ def test_steps_data_sft_targets_pairs_and_prompts(tmp_path, tiny_tokenizer):
     prompts = [tiny_tokenizer.decode(sample["prompt_ids"], skip_special_tokens=True) for sample in phases[3]]
     assert {data.verifier.item(prompt).question for prompt in prompts} <= {
         item.question for item in data.parts["train"]}
+
+
+def test_solved_counts_only_full_marks_where_the_verifier_gives_partial_credit():
+    data = fresh("reasoning_gym:word_sorting?min_words=3&max_words=3&size=40")
+    items = data.parts["heldout"][:4]
+    reordered = [", ".join(reversed(item.answer.split(", "))) for item in items[2:]]  # the right words, wrong order
+    summary = data.verifier.summarize([item.prompt for item in items], [item.answer for item in items[:2]] + reordered)
+    assert summary["solved"] == 0.5
+    assert 0.5 + 2 * 0.2 / 4 <= summary["all"] < 1.0  # partial credit of at least 0.2 for each reordered answer
