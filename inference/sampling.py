@@ -179,12 +179,11 @@ def _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_t
     each distinct prompt once however many rows it has."""
     rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
     distinct, copies = torch.unique(rows, dim=0, return_inverse=True)
-    if distinct.shape[0] < rows.shape[0]:
+    if distinct.shape[0] < rows.shape[0]:  # the distinct prompts run, then are copied to their rows below
         length = input_ids.shape[1]
-        logits, mask = _prefill(model, cache, distinct[:, :length], distinct[:, length:].to(attention_mask.dtype),
-                                k, pad_token_id, max_new_tokens)
-        cache.batch_select_indices(copies)
-        return logits[copies], mask[copies]
+        input_ids, attention_mask = distinct[:, :length], distinct[:, length:].to(attention_mask.dtype)
+    else:
+        copies = None
     batch = input_ids.shape[0]
     if k:
         prefix, input_ids, attention_mask = split_shared_prefix(input_ids, attention_mask, k, pad_token_id)
@@ -194,6 +193,9 @@ def _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_t
     positions = position_ids_from_mask(attention_mask)[:, k:]
     logits = _forward(model, cache, input_ids, attention_mask, positions)
     mask = torch.cat([attention_mask, attention_mask.new_ones(batch, max_new_tokens)], dim=1)
+    if copies is not None:
+        cache.batch_select_indices(copies)
+        logits, mask = logits[copies], mask[copies]
     return logits, mask
 
 
