@@ -159,7 +159,7 @@ def run_step1(args):
 
 
 def run_compile(args):
-    """Section 9: --compile against eager, for each model."""
+    """Section 10: --compile against eager, for each model."""
     import gc
 
     from bench.step1 import measure_compile
@@ -182,12 +182,12 @@ def run_sampler(args):
     from bench.sampler import SHAPES, measure_sampler, sampler_models
     from utils.runtime.ds_utils import training_dtype
 
+    dtype, _ = training_dtype("auto")
     results = {}
     for model in sampler_models(args.models):
         for shape in SHAPES:
             print(f"step 3 sampler: {model}, {shape}", flush=True)
-            results[f"{model} {shape}"] = measure_sampler(model, shape, 12, training_dtype("auto")[0], args.repeats,
-                                                          args.warmup)
+            results[f"{model} {shape}"] = measure_sampler(model, shape, 12, dtype, args.repeats, args.warmup)
             gc.collect()
     return results
 

@@ -31,8 +31,9 @@ Local file format: JSON lines (one object per line; blank lines ignored), one JS
 of objects, or a Parquet file (as hub data sets store theirs), each row in one of the shapes
 utils/data/pair_formats.py reads: DeepSpeed-Chat's string fields `prompt`, `chosen` and
 `rejected` (other fields are ignored), HH-RLHF's whole dialogues in `chosen` and `rejected`,
-lists of chat messages (TRL, UltraFeedback, OpenRLHF), or prompts alone or with one answer. Strings in the text form are used VERBATIM, unlike DeepSpeed-Chat's
-local/jsonfile which inserts spaces: write them already formatted, e.g.
+lists of chat messages (TRL, UltraFeedback, OpenRLHF), or prompts alone or with one answer.
+Strings in the text form are used VERBATIM, unlike DeepSpeed-Chat's local/jsonfile which
+inserts spaces: write them already formatted, e.g.
     {"prompt": " Human: What is 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}
 Empty strings are refused.
 
