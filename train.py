@@ -217,23 +217,27 @@ def pipeline(args):
 @functools.lru_cache(maxsize=None)
 def has_reference_answers(data_paths):
     """Whether the data has answers to imitate: False for prompts alone (a local file of questions, reasoning-gym
-    tasks that any valid solution answers, such as graph_color). Anything else (hub data sets, whose reading needs
-    the network, the built-in task, a path that does not exist: the step says what is wrong with it) is taken to
-    have them."""
-    from utils.data.raw_datasets import get_raw_dataset
+    tasks that any valid solution answers, such as graph_color). Hub data sets, whose reading needs the network,
+    and the built-in task have them. A path that is neither a known name nor an existing file or folder is refused
+    here, before any step starts."""
+    from utils.data.raw_datasets import HUB_DATASETS, get_raw_dataset
     from utils.runtime.errors import DataError
 
-    for path in data_paths or ("builtin",):
-        readable_here = path.startswith("reasoning_gym:") or (path != "builtin" and Path(path).exists())
-        if not readable_here:
-            return True
-        raw = get_raw_dataset(path, seed=1234)
+    def read(path):
         try:
-            if any(raw.get_chosen(row) is not None for row in raw.get_train_data()):
-                return True
+            return get_raw_dataset(path, seed=1234)
+        except DataError as err:
+            raise DataError(f"--data-path: {err}") from None
+
+    def answered(raw):
+        try:
+            return any(raw.get_chosen(row) is not None for row in raw.get_train_data())
         except DataError:  # a reasoning-gym spec none of whose tasks has reference answers
-            continue
-    return False
+            return False
+
+    paths = data_paths or ("builtin",)
+    readable = [read(path) for path in paths if path not in HUB_DATASETS and path != "builtin"]
+    return len(readable) < len(paths) or any(answered(raw) for raw in readable)
 
 
 def model_label(model):

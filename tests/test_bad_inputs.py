@@ -390,6 +390,12 @@ CASES = [
          ["--algorithm", "grpo", "--reward-fn", "reasoning_gym", "--output-dir", "{out}"],
          ("--reward-fn reasoning_gym scores the questions of one --data_path reasoning_gym:<task>... spec, but "
           "--data_path gives 0",)),
+    Case("train.py --data-path that does not exist, before step 1 runs", "train.py",
+         ["--data-path", "builtin", "{tmp}/nowhere.jsonl", "--output-dir", "{out}"],
+         ("--data-path: unknown data set '{tmp}/nowhere.jsonl'", "no such local path exists")),
+    Case("train.py --data-path with a malformed row, before step 1 runs", "train.py",
+         ["--data-path", "{tmp}/malformed", "--output-dir", "{out}"],
+         ("{tmp}/malformed/train.json: malformed JSON on line 2",)),
     Case("train.py --pair-judge of an unknown name", "train.py",
          ["--algorithm", "dpo", "--pair-judge", "checker", "--output-dir", "{out}"],
          ("--pair-judge 'checker' is neither a known name",)),

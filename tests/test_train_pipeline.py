@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import train
-from utils.runtime.errors import ConfigError
+from utils.runtime.errors import ConfigError, DataError
 
 
 def commands(*argv):
@@ -22,6 +22,14 @@ def commands(*argv):
     stages = [name for name in train.pipeline(args) if train.STAGES[name].step in args.step]
     return {stage: train.step_command(args, stage, dirs) for stage in stages}, \
         train.evaluation_command(args, stages, dirs)
+
+
+def write_rows(folder, *names, answered=True):
+    """Small JSON-lines data files `names` in `folder`: prompts with completions, or prompts alone."""
+    for name in names:
+        rows = ({"prompt": f"What is {i} + 1?", **({"completion": f" {i + 1}"} if answered else {})}
+                for i in range(10))
+        (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def script_folder(command):
@@ -87,16 +95,23 @@ def test_data_without_reference_answers_skips_step_1_and_rl_starts_from_the_base
 
 def test_a_local_file_of_prompts_alone_skips_step_1_and_one_with_answers_does_not(tmp_path):
     questions, answered = tmp_path / "questions.jsonl", tmp_path / "answered.jsonl"
-    questions.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?"}) + "\n" for i in range(10)))
-    answered.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "completion": f" {i + 1}"}) + "\n"
-                                for i in range(10)))
+    write_rows(tmp_path, questions.name, answered=False)
+    write_rows(tmp_path, answered.name)
     stage_commands, _ = commands("--algorithm", "rloo", "--reward-fn", "builtin", "--data-path", str(questions))
     assert list(stage_commands) == ["rl"]
     stage_commands, _ = commands("--algorithm", "rloo", "--reward-fn", "builtin", "--data-path", str(answered))
     assert list(stage_commands) == ["sft", "rl"]
 
 
-def test_the_closing_evaluation_scores_data_without_a_checker_with_the_rl_reward_function(tmp_path):
+def test_a_data_path_that_is_no_known_name_and_no_file_is_refused_before_any_step(tmp_path):
+    missing = str(tmp_path / "nowhere.jsonl")
+    with pytest.raises(DataError, match=f"^--data-path: unknown data set '{missing}'"):
+        commands("--data-path", "builtin", missing)
+
+
+def test_the_closing_evaluation_scores_data_without_a_checker_with_the_rl_reward_function(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path, "questions.jsonl", answered=False)
     checks = tmp_path / "checks.py"
     checks.write_text("def score(prompts, answers):\n    return [0.0] * len(answers)\n")
     spec = f"{checks}:score"
@@ -107,7 +122,9 @@ def test_the_closing_evaluation_scores_data_without_a_checker_with_the_rl_reward
         assert "--reward_fn" not in evaluation
 
 
-def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win():
+def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path, "a.jsonl", "b.jsonl")
     stage_commands, evaluation = commands("--data-path", "a.jsonl", "b.jsonl", "--data-split", "1,1,1", "--seed",
                                           "7", "--zero-stage", "3", "--step2-args", "--seed 9")
     for stage, command in stage_commands.items():
@@ -142,7 +159,10 @@ def test_a_reward_function_needs_a_critic_free_algorithm():
 
 
 @pytest.mark.parametrize("algorithm, step2", [("dpo", "dpo"), ("ppo", "reward"), ("grpo", "reward")])
-def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads_them_whole(algorithm, step2):
+def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads_them_whole(algorithm, step2, tmp_path,
+                                                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path, "a.jsonl")
     from training.recipes import recipe_flags
     from utils.data.sampled_pairs import PAIRS_DATA_SPLIT
 
