@@ -12,6 +12,9 @@ model's chat template), answers the generated text up to the first EOS, decoded 
     builtin                     the built-in task's checker `utils.builtin.task.score_answer` (1 exact, 0.5 near
                                 miss, 0.25 right format only, 0 otherwise)
     reasoning_gym               the verifier of the run's `--data_path reasoning_gym:...` tasks, in [0, 1]
+    reasoning_gym_solved        1 where that verifier gives full marks, else 0: no partial credit (many verifiers
+                                pay a share for a near answer, which an answer can earn without the skill, for
+                                example by copying the question's words back)
     NAME                        any other name of REWARD_FNS (a source that registers itself, below)
     package.module:function     a function imported from the user's path (the working directory first)
     path/to/file.py:function    a function of a Python file
@@ -44,19 +47,26 @@ def builtin_reward_fn(prompts, answers):
     return [score_answer(prompt, answer) for prompt, answer in zip(prompts, answers)]
 
 
-def reasoning_gym_reward_fn(args):
+def reasoning_gym_reward_fn(args, name="reasoning_gym"):
     """The verifier of the run's reasoning-gym data (`--data_path reasoning_gym:...`): each task's `score_answer`
-    on the answer to the question the prompt asks, in [0, 1]."""
+    on the answer to the question the prompt asks, in [0, 1]. `name` is the reward function's, for errors."""
     from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
 
-    return verifier_of(_one_gym_spec(getattr(args, "data_path", None)))
+    return verifier_of(_one_gym_spec(getattr(args, "data_path", None), name=name))
 
 
-def _one_gym_spec(data_paths, flag="--reward_fn"):
-    """The one reasoning-gym spec of `data_paths` that `reasoning_gym` scores; ConfigError otherwise."""
+def solved_only(reward_fn):
+    """`reward_fn` paying 1 for full marks (a score of 1) and 0 for anything less."""
+    def solved(prompts, answers):
+        return [1.0 if score >= 1.0 else 0.0 for score in reward_fn(prompts, answers)]
+    return solved
+
+
+def _one_gym_spec(data_paths, flag="--reward_fn", name="reasoning_gym"):
+    """The one reasoning-gym spec of `data_paths` that `name` scores; ConfigError otherwise."""
     specs = [path for path in data_paths or [] if path.startswith("reasoning_gym:")]
     if len(specs) != 1:
-        raise ConfigError(f"{flag} reasoning_gym scores the questions of one --data_path reasoning_gym:<task>... "
+        raise ConfigError(f"{flag} {name} scores the questions of one --data_path reasoning_gym:<task>... "
                           f"spec, but --data_path gives {len(specs)}")
     return specs[0]
 
@@ -64,8 +74,11 @@ def _one_gym_spec(data_paths, flag="--reward_fn"):
 REWARD_FNS = {
     "builtin": lambda args: builtin_reward_fn,
     "reasoning_gym": reasoning_gym_reward_fn,
+    "reasoning_gym_solved": lambda args: solved_only(reasoning_gym_reward_fn(args, "reasoning_gym_solved")),
 }
 """Reward-function sources by name: NAME -> factory(args) -> reward_fn."""
+GYM_REWARD_FNS = ("reasoning_gym", "reasoning_gym_solved")
+"""The names that score the run's reasoning-gym questions (they need one `--data_path reasoning_gym:...`)."""
 
 
 def _import_function(spec, flag="--reward_fn"):
@@ -108,8 +121,8 @@ def check_reward_fn(spec, data_paths, flag):
     """Refuse (ConfigError naming `flag`) a spec that names no reward function, before anything runs: train.py
     checks its --reward-fn and --pair-judge so that a typo does not surface only after step 1 has trained. A
     user's module is imported to find the function."""
-    if spec == "reasoning_gym":
-        _one_gym_spec(data_paths, flag)
+    if spec in GYM_REWARD_FNS:
+        _one_gym_spec(data_paths, flag, spec)
     elif spec not in REWARD_FNS:
         _import_function(spec, flag)
 

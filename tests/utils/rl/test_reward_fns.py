@@ -111,3 +111,25 @@ def test_reasoning_gym_reward_fn_is_the_verifier_of_the_runs_spec():
     assert right == [1.0, 1.0, 1.0] and max(wrong) < 1.0
     with pytest.raises(ConfigError, match="one --data_path reasoning_gym:<task>... spec, but --data_path gives 0"):
         load_reward_fn("reasoning_gym", SimpleNamespace(data_path=["builtin"]))
+
+
+def test_reasoning_gym_solved_pays_full_marks_only():
+    pytest.importorskip("reasoning_gym")
+    from types import SimpleNamespace
+
+    from utils.data.reasoning_gym_data import gym_data
+    from utils.rl.reward_fns import check_reward_fn, load_reward_fn
+
+    spec = "reasoning_gym:spell_backward?min_word_len=5&max_word_len=5&size=40"
+    args = SimpleNamespace(data_path=[spec])
+    verifier, solved = load_reward_fn("reasoning_gym", args), load_reward_fn("reasoning_gym_solved", args)
+    items = gym_data(spec).parts["train"][:3]
+    prompts = [item.prompt for item in items]
+    right = [item.answer for item in items]
+    echoed = [item.answer[::-1] for item in items]  # the question's word: its middle letter is in place (1/5)
+    assert verifier(prompts, right) == solved(prompts, right) == [1.0] * len(items)
+    assert min(verifier(prompts, echoed)) >= 0.2 and solved(prompts, echoed) == [0.0] * len(items)
+    for check in (lambda: load_reward_fn("reasoning_gym_solved", SimpleNamespace(data_path=["builtin"])),
+                  lambda: check_reward_fn("reasoning_gym_solved", ["builtin"], "--reward-fn")):
+        with pytest.raises(ConfigError, match="reasoning_gym_solved scores the questions of one --data_path"):
+            check()
