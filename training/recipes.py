@@ -122,8 +122,9 @@ DATA_RECIPES = {
     # once for its 8 answers), the held-out curve every 10 rounds. Measured (README, "A real pretrained model,
     # offline"), RL's held-out gain over the step-1 actor, sampled / greedy, seeds 1234 and 2: chain_sum (2 terms of
     # up to 2 digits) +0.230 / +0.128 and +0.235 / +0.173 in 22 min of CPU (fp32, AVX2); needle_haystack (2-4
-    # statements) +0.470 / +0.260 and +0.449 / +0.330 in 14 min or less (bf16, Zen 4). spell_backward's +0.1 was the
-    # word copied back (partial credit), not reversed; 20 rounds gained chain_sum +0.159 / +0.128.
+    # statements) +0.470 / +0.260, +0.449 / +0.330 (and +0.523 / +0.380, seed 3) in 14 min or less (bf16, Zen 4).
+    # spell_backward's +0.1 was the word copied back (partial credit), not reversed; 20 rounds gained chain_sum
+    # +0.159 / +0.128.
     ("smollm2-135m", "reasoning_gym"): {
         1: ["--max_seq_len", "auto", "--max_steps", "24", "--num_train_epochs", "100", "--num_warmup_steps", "2",
             "--print_interval", "4"],
