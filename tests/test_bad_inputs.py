@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.files import write_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_ROW = {"prompt": " Human: What is 1 + 2? Assistant:", "chosen": " 3", "rejected": " 4"}
 LONG_PROMPT = "What is 1 + 2? " * 120  # ~840 tokens of the tiny tokenizer; its context is 512
@@ -419,12 +421,6 @@ CASES = [
     Case("step1 main.py malformed data, as a process", "step1 process",
          [*STEP1, "--data_path", "{tmp}/malformed"], ("{tmp}/malformed/train.json: malformed JSON on line 2",)),
 ]
-
-
-def write_jsonl(path, rows):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def write_bad_data(tmp):

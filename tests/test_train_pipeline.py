@@ -2,7 +2,6 @@
 gets from the pipeline, the closing evaluation's models, and the interpreter the run scripts use. Commands are
 built in process, or printed by `train.py --dry-run` (no launcher runs);
 tests/training/step1_supervised_finetuning/test_step1.py runs the real thing."""
-import json
 import os
 import shlex
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import train
+from tests.files import write_jsonl
 from utils.runtime.errors import ConfigError, DataError
 
 
@@ -27,9 +27,8 @@ def commands(*argv):
 def write_rows(folder, *names, answered=True):
     """Small JSON-lines data files `names` in `folder`: prompts with completions, or prompts alone."""
     for name in names:
-        rows = ({"prompt": f"What is {i} + 1?", **({"completion": f" {i + 1}"} if answered else {})}
-                for i in range(10))
-        (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        write_jsonl(folder / name, ({"prompt": f"What is {i} + 1?", **({"completion": f" {i + 1}"} if answered else {})}
+                                    for i in range(10)))
 
 
 def script_folder(command):

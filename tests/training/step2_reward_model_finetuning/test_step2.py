@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.files import write_jsonl
 from utils.data.data_utils import create_prompt_dataset
 from utils.data.raw_datasets import get_raw_dataset
 from utils.runtime.errors import ConfigError, DataError
@@ -17,12 +18,6 @@ from utils.runtime.errors import ConfigError, DataError
 REPO = Path(__file__).resolve().parents[3]
 STEP_DIR = REPO / "training" / "step2_reward_model_finetuning"
 PROMPT = " Human: What is 7 + 12? Assistant:"
-
-
-def write_jsonl(path, rows):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
 
 
 def good_rows(n):

@@ -1,20 +1,16 @@
 """Tests of utils/data/data_utils.py: data_split parsing and tiling, cached split indices, DS-Chat's phase/part
 semantics, answer-only labels, sample skipping and the three collators."""
-import json
 import random
 
 import numpy as np
 import pytest
 import torch
 
+from tests.files import write_jsonl
 from utils.data.data_utils import (IGNORE_INDEX, DataCollatorPreference, DataCollatorReward, DataCollatorRLHF,
                                    DataCollatorSFT, SampleCounter, create_prompt_dataset, pair_sample, parse_data_split,
                                    prompt_sample, sft_sample, split_bounds, split_part_indices)
 from utils.runtime.errors import ConfigError, DataError
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
 def rows(tag, n):

@@ -7,6 +7,7 @@ from pathlib import Path
 import datasets
 import pytest
 
+from tests.files import write_jsonl
 import utils.builtin
 from utils.data import raw_datasets as rd
 from utils.data.raw_datasets import DataError
@@ -21,11 +22,6 @@ def dd(**splits):
 
 def triples(ds, raw):
     return [(raw.get_prompt(s), raw.get_chosen(s), raw.get_rejected(s)) for s in ds]
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def local_rows(n, tag="r"):
