@@ -386,20 +386,26 @@ def wait_for_group(pgid, timeout):
     return False
 
 
-def actor_dir(dirs, stage):
-    return dirs[stage] / STAGES[stage].actor_subdir
+def actor_dir(args, dirs, stage):
+    """Where `stage` saves the actor it trains: for step 3 with --enable_ema (given or from the recipe), the moving
+    average of its weights (`actor_ema`), which DeepSpeed-Chat recommends as the better model; the evaluation
+    compares that one."""
+    folder = dirs[stage] / STAGES[stage].actor_subdir
+    if STAGES[stage].actor_subdir and "--enable_ema" in step_command(args, stage, dirs):
+        return folder.with_name(folder.name + "_ema")
+    return folder
 
 
 def evaluation_command(args, stages, dirs):
     """Compare the actor before and after the last trained stage on the held-out prompts: the step-1 actor against
-    the final actor, or the base model against the step-1 actor when only step 1 runs."""
+    the final actor (`actor_dir`), or the base model against the step-1 actor when only step 1 runs."""
     trained = [name for name in stages if STAGES[name].trains == "actor"]
     if not trained:
         return None
     if trained[-1] == "sft":
         baseline, finetune = args.actor_model, dirs["sft"]
     else:
-        baseline, finetune = dirs["sft"], actor_dir(dirs, trained[-1])
+        baseline, finetune = dirs["sft"], actor_dir(args, dirs, trained[-1])
     reward = ["--reward_model", str(dirs["reward"])] if "reward" in dirs and trained[-1] != "sft" else []
     from inference.evaluation import has_checker
 

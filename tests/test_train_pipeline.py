@@ -61,11 +61,19 @@ def test_each_stage_starts_from_the_outputs_before_it():
     rl = stage_commands["rl"]
     assert rl[2:4] == ["out/actor-models/tiny", ""]  # no reward model: the run script gets no critic
     assert rl[rl.index("--advantage_estimator") + 1] == "grpo" and rl[rl.index("--reward_fn") + 1] == "builtin"
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor"
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor_ema"
 
     stage_commands, evaluation = commands()
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor"
     assert stage_commands["ppo"][2:4] == ["out/actor-models/tiny", "out/reward-models/tiny"]
     assert evaluation[evaluation.index("--reward_model") + 1] == "out/reward-models/tiny"
+
+
+def test_step_3_with_ema_is_evaluated_on_its_moving_average():
+    _, evaluation = commands("--step3-args=--enable_ema --ema_beta 0.99")
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor_ema"
+    _, evaluation = commands("--algorithm", "dpo", "--step2-args=--beta 0.2")
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/dpo-models/tiny"
 
 
 def test_step_one_alone_is_evaluated_against_the_base_model():
@@ -81,7 +89,8 @@ def test_data_without_reference_answers_skips_step_1_and_rl_starts_from_the_base
     assert list(stage_commands) == ["rl"]
     assert stage_commands["rl"][2:4] == ["tiny", ""]
     assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "tiny"
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor"
+    # the tiny recipe keeps a moving average of the actor, which the evaluation compares
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor_ema"
     mixed, _ = commands("--algorithm", "grpo", "--reward-fn", "builtin", "--data-path", spec, "builtin")
     assert list(mixed) == ["sft", "rl"]  # another data set has answers: step 1 trains on those
     with pytest.raises(SystemExit):
