@@ -5,12 +5,15 @@ after.
     python train.py --algorithm dpo                   # SFT, then DPO
     python train.py --algorithm grpo --reward-fn builtin   # SFT, then critic-free RL on the task's checker
     python train.py --algorithm dpo --pair-judge builtin   # SFT, pairs of its own answers judged by the checker, DPO
+    python train.py --algorithm dpo --pair-judge builtin --pair-rounds 3   # iterative DPO: 3 rounds of both
     python train.py --step 1 2 --deployment-type single_node --actor-model facebook/opt-1.3b
 
 Each stage runs its `training/<folder>/training_scripts/<deployment>/run.sh`, which calls the `deepspeed`
 launcher (the sampled pairs: one Python process); its log goes to `<output-dir>/<stage folder>/training.log`. Outputs follow DeepSpeed-Chat's layout:
 `actor-models/<name>`, `reward-models/<name>`, `dpo-models/<name>`, `step3-models/<name>/{actor,critic,actor_ema}`,
-and `sampled-pairs/<name>` (--pair-judge: the step-1 actor's own answers as step 2's pairs).
+and `sampled-pairs/<name>` (--pair-judge: the step-1 actor's own answers as step 2's pairs). With --pair-rounds N,
+round k > 1 samples its pairs from round k - 1's DPO actor into `sampled-pairs/<name>-round<k>`; every round but the
+last saves its DPO actor in `dpo-models/<name>-round<k>`, the last in `dpo-models/<name>`.
 Stages keep DeepSpeed-Chat's step numbers (1 SFT; 2 reward model or DPO; 3 RL): `--step`, `--stepN-args` and the
 data split's parts (step N trains on part N of `--data-split`) follow them.
 """
@@ -118,6 +121,10 @@ def parse_args(argv=None):
     parser.add_argument("--pair-prompts", type=int, default=None,
                         help="--pair-judge: at most this many prompts of each split's part 2 (default: the "
                              "recipe's, else all).")
+    parser.add_argument("--pair-rounds", type=int, default=1,
+                        help="--algorithm dpo --pair-judge: iterative DPO, N rounds of sampling pairs from the "
+                             "latest DPO actor (the step-1 actor in round 1) and training DPO on them from it, with "
+                             "it as the reference (default 1).")
     parser.add_argument("--step", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3],
                         help="Which of the algorithm's steps to run (1 SFT; 2 reward model or DPO; 3 RL).")
     parser.add_argument("--deployment-type", choices=tuple(DEFAULT_ZERO_STAGE), default="single_gpu",
@@ -177,6 +184,11 @@ def parse_args(argv=None):
         raise ConfigError(f"--pair-prompts must be at least 1, not {args.pair_prompts}")
     if args.pair_judge and "reward" not in ALGORITHMS[args.algorithm] and "dpo" not in ALGORITHMS[args.algorithm]:
         raise ConfigError(f"--pair-judge makes step 2's pairs, but --algorithm {args.algorithm} has no step 2")
+    if args.pair_rounds < 1:
+        raise ConfigError(f"--pair-rounds must be at least 1, not {args.pair_rounds}")
+    if args.pair_rounds > 1 and not (args.pair_judge and args.algorithm == "dpo"):
+        raise ConfigError("--pair-rounds repeats --pair-judge's sampling and DPO: it needs --algorithm dpo and "
+                          "--pair-judge")
     if args.pair_judge and args.reward_fn:
         raise ConfigError("--pair-judge makes the reward model's pairs, but with --reward-fn there is no reward "
                           "model; pass one of them")
@@ -203,15 +215,32 @@ def parse_args(argv=None):
 def pipeline(args):
     """The algorithm's stages, in order (critic-free RL with a reward function needs no reward model; data without
     reference answers has nothing for step 1 to imitate; with --pair-judge the sampled pairs come first in step
-    2)."""
+    2, and --pair-rounds repeats them and DPO: round k's are "pairs@k" and "dpo@k")."""
     names = ALGORITHMS[args.algorithm]
     if args.reward_fn:
         names = tuple(name for name in names if name != "reward")
     if not has_reference_answers(tuple(args.data_path or ())):
         names = tuple(name for name in names if name != "sft")
     if args.pair_judge:
-        names = (names[0], "pairs", *names[1:])
+        first = next(i for i, name in enumerate(names) if STAGES[name].step == 2)
+        names = (*names[:first], "pairs", *names[first:])
+        names += tuple(round_name(stage, k) for k in range(2, args.pair_rounds + 1) for stage in ("pairs", "dpo"))
     return names
+
+
+def round_name(stage, k):
+    """The pipeline's name of round k of --pair-rounds' stage ("pairs" or "dpo"): round 1 is the stage itself."""
+    return stage if k == 1 else f"{stage}@{k}"
+
+
+def stage_round(name):
+    """Which round of --pair-rounds a pipeline entry is (1 for every stage outside them)."""
+    return int(name.partition("@")[2] or 1)
+
+
+def stage_spec(name):
+    """The Stage of a pipeline entry: a later round ("dpo@2") runs as its stage ("dpo") does."""
+    return STAGES[name.partition("@")[0]]
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,16 +275,35 @@ def model_label(model):
 
 
 def stage_model(args, stage):
-    return args.reward_model if STAGES[stage].trains == "reward" else args.actor_model
+    return args.reward_model if stage_spec(stage).trains == "reward" else args.actor_model
 
 
 def output_dirs(args):
     """Every stage of the pipeline -> its output folder; "sft" is the base model where step 1 does not run for
     want of reference answers (the later steps start from it)."""
-    dirs = {name: Path(args.output_dir) / STAGES[name].output / model_label(stage_model(args, name))
+    dirs = {name: Path(args.output_dir) / stage_spec(name).output / (model_label(stage_model(args, name))
+                                                                    + round_suffix(args, name))
             for name in pipeline(args)}
     dirs.setdefault("sft", args.actor_model)
     return dirs
+
+
+def round_suffix(args, name):
+    """The output folder's suffix of a round of --pair-rounds: `-round<k>` for the pairs of round k > 1 and for the
+    DPO actor of every round but the last, which goes where a single round's does."""
+    k = stage_round(name)
+    base = name.partition("@")[0]
+    return f"-round{k}" if (base == "pairs" and k > 1) or (base == "dpo" and k < args.pair_rounds) else ""
+
+
+def round_dirs(dirs, stage):
+    """`dirs` as `stage` sees them: a stage of round k > 1 of --pair-rounds starts from round k - 1's DPO actor
+    (where round 1 starts from the step-1 actor), and its "pairs" and "dpo" are its round's."""
+    k = stage_round(stage)
+    if k == 1:
+        return dirs
+    return {**dirs, "sft": dirs[round_name("dpo", k - 1)], "pairs": dirs[round_name("pairs", k)],
+            "dpo": dirs[round_name("dpo", k)]}
 
 
 def pipeline_flags(args):
@@ -281,7 +329,7 @@ def pairs_data_flags(args, stage, dirs):
     """Step 2's data when --pair-judge made it: the whole pairs folder (its part 2 under PAIRS_DATA_SPLIT)."""
     from utils.data.sampled_pairs import PAIRS_DATA_SPLIT
 
-    if "pairs" not in dirs or STAGES[stage].step != 2 or stage == "pairs":
+    if "pairs" not in dirs or stage_spec(stage).step != 2 or stage_spec(stage) is STAGES["pairs"]:
         return []
     return ["--data_path", str(dirs["pairs"]), "--data_split", PAIRS_DATA_SPLIT]
 
@@ -290,7 +338,8 @@ def step_command(args, stage, dirs):
     """The `bash run.sh ...` command of one stage: positional arguments, recipe, pipeline-wide flags, step 2's
     sampled pairs, then the user's --stepN-args (last, so they win). A script stage is `python <script> <its
     recipe> <its flags> <script_flags>` (its flags from train.py's own, after the recipe's so they win)."""
-    spec = STAGES[stage]
+    spec = stage_spec(stage)
+    dirs = round_dirs(dirs, stage)
     positional = spec.arguments(args, dirs)
     recipe = [flag for key in spec.recipes for flag in recipe_flags(stage_model(args, stage), key, args.data_path)]
     if spec.script:
@@ -314,11 +363,12 @@ def stage_env():
 
 def run_stage(args, stage, command, out_dir):
     """Run one stage with its output in `out_dir/training.log`; return its wall time, or None on failure."""
-    step = STAGES[stage].step
+    spec = stage_spec(stage)
+    step = spec.step
     env = stage_env()
     if args.hostfile:
         env["HOSTFILE"] = args.hostfile
-    if args.dry_run and STAGES[stage].script:
+    if args.dry_run and spec.script:
         print(shlex.join(command))
         return 0.0
     if args.dry_run:
@@ -327,7 +377,7 @@ def run_stage(args, stage, command, out_dir):
         return 0.0
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "training.log"
-    print(f"---- step {step} ({stage}): {STAGES[stage].folder or STAGES[stage].script} -> {out_dir} (log: "
+    print(f"---- step {step} ({stage}): {spec.folder or spec.script} -> {out_dir} (log: "
           f"{log_path})", flush=True)
     interrupt_hint(f"step {step} stopped (its log: {log_path}); resume with --resume")
     start = time.time()
@@ -390,8 +440,8 @@ def actor_dir(args, dirs, stage):
     """Where `stage` saves the actor it trains: for step 3 with --enable_ema (given or from the recipe), the moving
     average of its weights (`actor_ema`), which DeepSpeed-Chat recommends as the better model; the evaluation
     compares that one."""
-    folder = dirs[stage] / STAGES[stage].actor_subdir
-    if STAGES[stage].actor_subdir and "--enable_ema" in step_command(args, stage, dirs):
+    folder = dirs[stage] / stage_spec(stage).actor_subdir
+    if stage_spec(stage).actor_subdir and "--enable_ema" in step_command(args, stage, dirs):
         return folder.with_name(folder.name + "_ema")
     return folder
 
@@ -399,7 +449,7 @@ def actor_dir(args, dirs, stage):
 def evaluation_command(args, stages, dirs):
     """Compare the actor before and after the last trained stage on the held-out prompts: the step-1 actor against
     the final actor (`actor_dir`), or the base model against the step-1 actor when only step 1 runs."""
-    trained = [name for name in stages if STAGES[name].trains == "actor"]
+    trained = [name for name in stages if stage_spec(name).trains == "actor"]
     if not trained:
         return None
     if trained[-1] == "sft":
@@ -421,7 +471,10 @@ def evaluation_command(args, stages, dirs):
 
 
 def stage_inputs(args, stage):
-    """The stages whose outputs `stage` starts from in this pipeline."""
+    """The stages whose outputs `stage` starts from in this pipeline (a later round of --pair-rounds: the round
+    before's DPO actor)."""
+    if stage_round(stage) > 1:
+        return [round_name("dpo", stage_round(stage) - 1)]
     inputs = [name for name in STAGES[stage].inputs if name in pipeline(args)]
     if stage == "reward" and not args.reward_from_sft:
         inputs.remove("sft")
@@ -440,7 +493,7 @@ def check_inputs(args, stages, dirs):
             raise ConfigError(f"--hostfile {hostfile} does not exist (multi_node runs the hosts of a DeepSpeed "
                               "hostfile)")
     for stage in stages:
-        step = STAGES[stage].step
+        step = stage_spec(stage).step
         for earlier in stage_inputs(args, stage):
             if earlier in stages:  # made by this run before it is needed
                 continue
@@ -449,7 +502,7 @@ def check_inputs(args, stages, dirs):
             if not (folder / "config.json").is_file():
                 why = " (--reward-from-sft)" if stage == "reward" else ""
                 raise ConfigError(f"--step {step}{why} needs the {what} {folder}, which does not exist: run --step "
-                                  f"{STAGES[earlier].step} first (with the same --output-dir and models)")
+                                  f"{stage_spec(earlier).step} first (with the same --output-dir and models)")
             if is_reward_model_folder(folder) != is_reward:
                 raise ConfigError(f"--step {step} needs the {what} in {folder}, but it holds a "
                                   f"{'causal language model' if is_reward else 'reward model'}")
@@ -460,7 +513,7 @@ def main(argv=None):
     args = parse_args(argv)
     interrupt_hint("resume with --resume")
     dirs = output_dirs(args)
-    stages = [name for name in pipeline(args) if STAGES[name].step in args.step]
+    stages = [name for name in pipeline(args) if stage_spec(name).step in args.step]
     if "sft" not in pipeline(args):
         print(f"step 1 skipped: {' '.join(args.data_path)} has no reference answers to imitate; later steps start "
               f"from {args.actor_model}", flush=True)

@@ -19,7 +19,7 @@ def commands(*argv):
     """{stage: its run.sh command} and the evaluation command of a `train.py` call."""
     args = train.parse_args(["--output-dir", "out", *argv])
     dirs = train.output_dirs(args)
-    stages = [name for name in train.pipeline(args) if train.STAGES[name].step in args.step]
+    stages = [name for name in train.pipeline(args) if train.stage_spec(name).step in args.step]
     return {stage: train.step_command(args, stage, dirs) for stage in stages}, \
         train.evaluation_command(args, stages, dirs)
 
@@ -191,6 +191,44 @@ def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads
     assert "sampled-pairs" not in shlex.join(evaluation)
     with_args, _ = commands("--algorithm", algorithm, "--pair-judge", "builtin", "--step2-args", "--data_split 1,1")
     assert shlex.join(with_args[step2]).endswith("--data_split 1,1")  # the user's step-2 flags still win
+
+
+def test_pair_rounds_sample_each_round_from_the_round_before_and_the_last_round_is_evaluated():
+    from utils.data.sampled_pairs import PAIRS_DATA_SPLIT
+
+    stage_commands, evaluation = commands("--algorithm", "dpo", "--pair-judge", "builtin", "--pair-rounds", "3")
+    assert list(stage_commands) == ["sft", "pairs", "dpo", "pairs@2", "dpo@2", "pairs@3", "dpo@3"]
+
+    def flag(stage, name):
+        command = stage_commands[stage]
+        return command[command.index(name) + 1]
+
+    assert [(flag(stage, "--model_name_or_path"), flag(stage, "--output_dir"))
+            for stage in ("pairs", "pairs@2", "pairs@3")] == [
+        ("out/actor-models/tiny", "out/sampled-pairs/tiny"),
+        ("out/dpo-models/tiny-round1", "out/sampled-pairs/tiny-round2"),
+        ("out/dpo-models/tiny-round2", "out/sampled-pairs/tiny-round3")]
+    assert [stage_commands[stage][2:5] for stage in ("dpo", "dpo@2", "dpo@3")] == [  # output, ZeRO stage, start
+        ["out/dpo-models/tiny-round1", "0", "out/actor-models/tiny"],
+        ["out/dpo-models/tiny-round2", "0", "out/dpo-models/tiny-round1"],
+        ["out/dpo-models/tiny", "0", "out/dpo-models/tiny-round2"]]
+    for stage, pairs in (("dpo", "tiny"), ("dpo@2", "tiny-round2"), ("dpo@3", "tiny-round3")):
+        text = shlex.join(stage_commands[stage])
+        assert text.endswith(f"--data_path out/sampled-pairs/{pairs} --data_split {PAIRS_DATA_SPLIT}")
+        assert "--ref_model_name_or_path" not in text  # each round's reference: the actor it starts from
+    assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "out/actor-models/tiny"
+    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/dpo-models/tiny"
+    step_2, _ = commands("--algorithm", "dpo", "--pair-judge", "builtin", "--pair-rounds", "2", "--step", "2")
+    assert list(step_2) == ["pairs", "dpo", "pairs@2", "dpo@2"]  # every round is step 2
+
+
+def test_sampled_pairs_come_before_step_2_when_step_1_cannot_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path, "questions.jsonl", answered=False)
+    stage_commands, _ = commands("--algorithm", "dpo", "--pair-judge", "builtin", "--data-path", "questions.jsonl")
+    assert list(stage_commands) == ["pairs", "dpo"]
+    pairs = stage_commands["pairs"]
+    assert pairs[pairs.index("--model_name_or_path") + 1] == "tiny"  # the base model's own answers
 
 
 def test_dry_run_shows_the_sampled_pairs_between_step_1_and_step_2(tmp_path):

@@ -23,24 +23,28 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
     """Markdown for the stages whose metrics exist. stage_dirs: {stage name (train.py's STAGES): its output
     folder}; wall_times: {stage: seconds} of this run; evaluation: `inference.evaluation.evaluate_models` output
     with models "baseline" (step-1 actor) and "finetune" (the final actor)."""
-    sft, reward, dpo, ppo, rl = (_load(Path(stage_dirs[name]) / "metrics.json") if name in stage_dirs else None
-                                 for name in ("sft", "reward", "dpo", "ppo", "rl"))
+    sft, reward, ppo, rl = (_load(Path(stage_dirs[name]) / "metrics.json") if name in stage_dirs else None
+                            for name in ("sft", "reward", "ppo", "rl"))
     rows = []
     if sft:
         rows.append(("1 SFT", "eval perplexity", _change(sft, "perplexity_before", "perplexity_after", 2)))
-    pairs = _load(Path(stage_dirs["pairs"]) / "meta.json") if "pairs" in stage_dirs else None
-    if pairs:
-        train = pairs.get("counts", {}).get("train", {})
-        rows.append(("2 sampled pairs", "train pairs kept / prompts (mean judge score of the answers)",
-                     f"{train.get('pairs', '-')} / {train.get('prompts', '-')} ({_fmt(train.get('mean_score'))})"))
+    for name, folder in stage_dirs.items():  # each round of train.py's --pair-rounds: "pairs", "dpo", "pairs@2", ...
+        stage, _, round_ = name.partition("@")
+        label = f" (round {round_})" if round_ else ""
+        pairs = _load(Path(folder) / "meta.json") if stage == "pairs" else None
+        if pairs:
+            train = pairs.get("counts", {}).get("train", {})
+            rows.append((f"2 sampled pairs{label}", "train pairs kept / prompts (mean judge score of the answers)",
+                         f"{train.get('pairs', '-')} / {train.get('prompts', '-')} ({_fmt(train.get('mean_score'))})"))
+        dpo = _load(Path(folder) / "metrics.json") if stage == "dpo" else None
+        if dpo:
+            rows.append((f"2 DPO{label}", "eval preference accuracy (chosen > rejected)",
+                         _change(dpo, "accuracy_before", "accuracy_after")))
     if reward:
         rows.append(("2 reward model", "eval accuracy (chosen > rejected)",
                      _change(reward, "accuracy_before", "accuracy_after")))
         rows.append(("2 reward model", "eval mean score chosen / rejected",
                      f"{_fmt(reward.get('chosen_score_after'))} / {_fmt(reward.get('rejected_score_after'))}"))
-    if dpo:
-        rows.append(("2 DPO", "eval preference accuracy (chosen > rejected)",
-                     _change(dpo, "accuracy_before", "accuracy_after")))
     for name, metrics in (("3 PPO", ppo), ("3 RL", rl)):
         if metrics:
             rows.append((name, "mean score (first -> last tenth)", _change(metrics, "score_start", "score_end")))
