@@ -334,6 +334,13 @@ def pairs_data_flags(args, stage, dirs):
     return ["--data_path", str(dirs["pairs"]), "--data_split", PAIRS_DATA_SPLIT]
 
 
+def stage_recipes(args, stage):
+    """The recipe keys of `stage`: its Stage's, then for DPO on the actor's judged answers (--pair-judge)
+    "dpo_pairs" (the settings that differ from DPO on a data set's pairs)."""
+    spec = stage_spec(stage)
+    return spec.recipes + (("dpo_pairs",) if args.pair_judge and spec is STAGES["dpo"] else ())
+
+
 def step_command(args, stage, dirs):
     """The `bash run.sh ...` command of one stage: positional arguments, recipe, pipeline-wide flags, step 2's
     sampled pairs, then the user's --stepN-args (last, so they win). A script stage is `python <script> <its
@@ -341,7 +348,8 @@ def step_command(args, stage, dirs):
     spec = stage_spec(stage)
     dirs = round_dirs(dirs, stage)
     positional = spec.arguments(args, dirs)
-    recipe = [flag for key in spec.recipes for flag in recipe_flags(stage_model(args, stage), key, args.data_path)]
+    recipe = [flag for key in stage_recipes(args, stage) for flag in recipe_flags(stage_model(args, stage), key,
+                                                                                   args.data_path)]
     if spec.script:
         return [sys.executable, str(ROOT / spec.script), *recipe, *map(str, positional), *script_flags(args)]
     script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"

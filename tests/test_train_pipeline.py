@@ -212,8 +212,12 @@ def test_pair_rounds_sample_each_round_from_the_round_before_and_the_last_round_
         ["out/dpo-models/tiny-round1", "0", "out/actor-models/tiny"],
         ["out/dpo-models/tiny-round2", "0", "out/dpo-models/tiny-round1"],
         ["out/dpo-models/tiny", "0", "out/dpo-models/tiny-round2"]]
+    from training.recipes import recipe_flags
+
+    recipe = shlex.join(recipe_flags("tiny", "dpo") + recipe_flags("tiny", "dpo_pairs"))  # the second wins
     for stage, pairs in (("dpo", "tiny"), ("dpo@2", "tiny-round2"), ("dpo@3", "tiny-round3")):
         text = shlex.join(stage_commands[stage])
+        assert recipe_flags("tiny", "dpo_pairs") and recipe in text
         assert text.endswith(f"--data_path out/sampled-pairs/{pairs} --data_split {PAIRS_DATA_SPLIT}")
         assert "--ref_model_name_or_path" not in text  # each round's reference: the actor it starts from
     assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "out/actor-models/tiny"

@@ -31,6 +31,12 @@ def test_every_critic_free_recipe_parses_after_step_3s(model):
                     "--reward_fn", "builtin", *recipe_flags(model, 3), *recipe_flags(model, "grpo")])
 
 
+@pytest.mark.parametrize("model", sorted(RECIPES))
+def test_every_dpo_on_sampled_pairs_recipe_parses_after_dpos(model):
+    """train.py's DPO stage with --pair-judge passes the "dpo" entry, then the "dpo_pairs" one."""
+    step_parser("dpo")(REQUIRED["dpo"] + recipe_flags(model, "dpo") + recipe_flags(model, "dpo_pairs"))
+
+
 def test_only_the_smollm2_evaluation_is_capped():
     assert recipe_flags("tiny", "eval") == [] and recipe_flags("facebook/opt-1.3b", "eval") == []
     assert "--num_prompts" in recipe_flags("smollm2-135m", "eval")
