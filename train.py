@@ -66,8 +66,9 @@ def _reward_source(args, dirs):
 
 
 def _pairs_arguments(args, dirs):
-    """sample_pairs.py's flags: the step-1 actor, the judge, the output, and the --pair-* flags given (after the
-    recipe's, so they win)."""
+    """sample_pairs.py's flags: the actor that answers (dirs["sft"]: the step-1 actor, or in a later round of
+    --pair-rounds the round before's DPO actor, see `round_dirs`), the judge, the output, and the --pair-* flags
+    given (after the recipe's, so they win)."""
     flags = ["--model_name_or_path", dirs["sft"], "--reward_fn", args.pair_judge, "--output_dir", dirs["pairs"]]
     given = {"--samples_per_prompt": args.pair_samples, "--temperature": args.pair_temperature,
              "--max_prompts": args.pair_prompts}
@@ -203,6 +204,12 @@ def parse_args(argv=None):
             step_flags += shlex.split(getattr(args, f"step{step}_args"))
         except ValueError as err:  # an unclosed quote
             raise ConfigError(f"--step{step}-args {getattr(args, f'step{step}_args')!r}: {err}") from None
+    if args.pair_rounds > 1:  # every round's DPO gets --step2-args: these would cut the chain of rounds
+        chained = [flag for flag in ("--model_name_or_path", "--output_dir", "--data_path")
+                   if flag in shlex.split(args.step2_args)]
+        if chained:
+            raise ConfigError(f"--step2-args {chained[0]}: with --pair-rounds train.py sets it for each round (its "
+                              "start, its output, its pairs)")
     if "--data_path" not in step_flags:  # else the steps' own data decides what reasoning_gym scores
         from utils.rl.reward_fns import check_reward_fn
 

@@ -73,10 +73,15 @@ def parse_args(argv=None):
 
 
 def settings_of(args, model_path, max_new_tokens):
-    """What the pairs depend on, as meta.json keeps it (--resume reuses pairs made with the same)."""
+    """What the pairs depend on, as meta.json keeps it (--resume reuses pairs made with the same): the model's
+    weights too, by their files' names, sizes and modification times, so a model saved again in the same folder
+    (an earlier round of train.py --pair-rounds trained anew) is sampled again."""
     keys = ("reward_fn", "data_path", "data_split", "train_phase", "max_prompts", "samples_per_prompt",
             "temperature", "top_p", "seed")
-    return {"model": str(model_path), "max_new_tokens": max_new_tokens, **{key: getattr(args, key) for key in keys}}
+    weights = sorted([path.name, path.stat().st_size, path.stat().st_mtime_ns]
+                     for path in Path(model_path).glob("*.safetensors"))
+    return {"model": str(model_path), "weights": weights, "max_new_tokens": max_new_tokens,
+            **{key: getattr(args, key) for key in keys}}
 
 
 @cli_entry

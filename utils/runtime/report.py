@@ -28,9 +28,10 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
     rows = []
     if sft:
         rows.append(("1 SFT", "eval perplexity", _change(sft, "perplexity_before", "perplexity_after", 2)))
+    rounds = any("@" in name for name in stage_dirs)
     for name, folder in stage_dirs.items():  # each round of train.py's --pair-rounds: "pairs", "dpo", "pairs@2", ...
         stage, _, round_ = name.partition("@")
-        label = f" (round {round_})" if round_ else ""
+        label = f" (round {round_ or 1})" if rounds else ""
         pairs = _load(Path(folder) / "meta.json") if stage == "pairs" else None
         if pairs:
             train = pairs.get("counts", {}).get("train", {})

@@ -126,3 +126,23 @@ def test_resume_keeps_pairs_made_with_the_same_settings_and_remakes_others(tmp_p
     assert "already holds these pairs" in capsys.readouterr().out
     assert run_sample_pairs([*flags, "--resume", "--seed", "7"]) == 0  # other settings: sampled again
     assert len(judge.calls) == 4 and json.loads((out / "meta.json").read_text())["settings"]["seed"] == 7
+
+
+def test_resume_samples_again_from_a_model_saved_anew_in_the_same_folder(tmp_path, data_file, judge_module,
+                                                                         tiny_model_dir):
+    """train.py --pair-rounds retrains an earlier round into the same folder: its pairs must not be kept."""
+    import os
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    out = tmp_path / "pairs"
+    flags = ["--model_name_or_path", str(model), "--reward_fn", f"{judge_module}:by_length", "--output_dir",
+             str(out), "--data_path", data_file, "--data_split", "0,1", "--max_prompts", "4", "--max_new_tokens", "4",
+             "--data_output_path", str(tmp_path / "cache"), "--dtype", "fp32", "--resume"]
+    assert run_sample_pairs(flags) == 0
+    judge = sys.modules[judge_module]
+    assert run_sample_pairs(flags) == 0 and len(judge.calls) == 2  # the same weights: kept
+    weights = next(model.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved again
+    assert run_sample_pairs(flags) == 0 and len(judge.calls) == 4  # sampled again

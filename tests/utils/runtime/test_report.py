@@ -41,8 +41,9 @@ def test_the_report_has_a_row_per_round_of_iterative_dpo(tmp_path):
         (stage_dirs[f"dpo{suffix}"] / "metrics.json").write_text(
             json.dumps({"accuracy_before": before, "accuracy_after": after}))
     rows = [line for line in pipeline_report(stage_dirs, {}).splitlines() if line.startswith("| 2 ")]
-    assert rows == ["| 2 sampled pairs | train pairs kept / prompts (mean judge score of the answers) | 31 / 40 (0.500) |",
-                    "| 2 DPO | eval preference accuracy (chosen > rejected) | 0.500 -> 0.750 |",
+    assert rows == ["| 2 sampled pairs (round 1) | train pairs kept / prompts (mean judge score of the answers) | "
+                    "31 / 40 (0.500) |",
+                    "| 2 DPO (round 1) | eval preference accuracy (chosen > rejected) | 0.500 -> 0.750 |",
                     "| 2 sampled pairs (round 2) | train pairs kept / prompts (mean judge score of the answers) | "
                     "22 / 40 (0.500) |",
                     "| 2 DPO (round 2) | eval preference accuracy (chosen > rejected) | 0.600 -> 0.900 |"]
