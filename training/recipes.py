@@ -36,13 +36,13 @@ RECIPES = {
             "--num_warmup_steps", "0", "--lr_scheduler_type", "constant", "--num_train_epochs", "3",
             "--max_steps", "270",
             "--print_interval", "10"],
-        # Critic-free RL (flags after step 3's): 16 prompts x 8 answers = 128 rollouts a step in minibatches of 64
-        # (4 optimizer steps a round, as with 64 rollouts in 32s), the KL as a loss term, 2 epochs, and the actor's
-        # moving average (--enable_ema), which train.py evaluates. Held-out sampled gain of the moving average from
-        # a 0.763 step-1 actor on a Zen 4 CPU in bf16 (README, "Beyond PPO"): +0.147 / +0.152 / +0.155 (seeds 1234,
-        # 2, 3) against +0.138 / +0.130 / +0.142 with 8 prompts x 8 in 32s, and +0.109 / +0.102 / +0.105 for the
-        # earlier KL 0.5 at lr 3e-5. The moving average scored above the last weights, sampled and greedy, in 13 of
-        # the 14 runs compared (the other: equal sampled, greedy higher).
+        # Critic-free RL (flags after step 3's): 16 prompts x 8 answers = 128 rollouts a step in minibatches of 64 (4
+        # optimizer steps a round, as with 64 rollouts in 32s), the KL as a loss term, 2 epochs, and the actor's
+        # moving average (--enable_ema), which train.py evaluates. Held-out sampled gain of the moving average from a
+        # 0.763 step-1 actor on a Zen 4 CPU in bf16 (README, "Beyond PPO"): +0.147 / +0.152 / +0.155 / +0.156 (seeds
+        # 1234, 2, 3, 4) against +0.138 / +0.130 / +0.142 with 8 prompts x 8 in 32s, and +0.109 / +0.102 / +0.105 for
+        # the earlier KL 0.5 at lr 3e-5. The moving average scored above the last weights, sampled and greedy, in 13
+        # of the 14 runs compared (the other: equal sampled, greedy higher).
         "grpo": ["--per_device_generation_batch_size", "16", "--per_device_training_batch_size", "64",
                  "--num_samples_per_prompt", "8", "--ppo_epochs", "2", "--use_kl_loss", "--kl_loss_coef", "0.2",
                  "--actor_learning_rate", "6e-5", "--enable_ema", "--max_steps", "540", "--eval_interval", "90"],
@@ -60,7 +60,7 @@ RECIPES = {
         # DPO on those pairs (train.py --pair-judge; after "dpo"'s flags): IPO at beta 0.3 moves the actor less in
         # a round than 0.1 and gains over rounds (--pair-rounds). From a 0.760 / 0.947 step-1 actor on a Zen 4 CPU
         # in bf16 (README, "Iterative DPO"): one round +0.086 held-out sampled with greedy sums 0.945 (beta 0.1:
-        # +0.085 and 0.797); four rounds +0.152 / +0.159 (seeds 1234 / 2), greedy 0.981 / 0.966.
+        # +0.085 and 0.797); four rounds +0.152 / +0.159 / +0.148 / +0.145 (seeds 1234 / 2 / 3 / 4).
         "dpo_pairs": ["--beta", "0.3"],
     },
     "smollm2-135m": {
