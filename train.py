@@ -198,15 +198,16 @@ def parse_args(argv=None):
     args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
     if args.reward_from_sft is None:
         args.reward_from_sft = args.reward_model == args.actor_model
-    step_flags = []
+    flags_of_step = {}
     for step in (1, 2, 3):
         try:
-            step_flags += shlex.split(getattr(args, f"step{step}_args"))
+            flags_of_step[step] = shlex.split(getattr(args, f"step{step}_args"))
         except ValueError as err:  # an unclosed quote
             raise ConfigError(f"--step{step}-args {getattr(args, f'step{step}_args')!r}: {err}") from None
+    step_flags = [flag for flags in flags_of_step.values() for flag in flags]
     if args.pair_rounds > 1:  # every round's DPO gets --step2-args: these would cut the chain of rounds
         chained = [flag for flag in ("--model_name_or_path", "--output_dir", "--data_path")
-                   if flag in shlex.split(args.step2_args)]
+                   if flag in flags_of_step[2]]
         if chained:
             raise ConfigError(f"--step2-args {chained[0]}: with --pair-rounds train.py sets it for each round (its "
                               "start, its output, its pairs)")
@@ -245,9 +246,14 @@ def stage_round(name):
     return int(name.partition("@")[2] or 1)
 
 
+def stage_base(name):
+    """The STAGES name of a pipeline entry: a later round ("dpo@2") runs as its stage ("dpo") does."""
+    return name.partition("@")[0]
+
+
 def stage_spec(name):
-    """The Stage of a pipeline entry: a later round ("dpo@2") runs as its stage ("dpo") does."""
-    return STAGES[name.partition("@")[0]]
+    """The Stage of a pipeline entry (see `stage_base`)."""
+    return STAGES[stage_base(name)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -298,8 +304,7 @@ def output_dirs(args):
 def round_suffix(args, name):
     """The output folder's suffix of a round of --pair-rounds: `-round<k>` for the pairs of round k > 1 and for the
     DPO actor of every round but the last, which goes where a single round's does."""
-    k = stage_round(name)
-    base = name.partition("@")[0]
+    k, base = stage_round(name), stage_base(name)
     return f"-round{k}" if (base == "pairs" and k > 1) or (base == "dpo" and k < args.pair_rounds) else ""
 
 
@@ -336,7 +341,7 @@ def pairs_data_flags(args, stage, dirs):
     """Step 2's data when --pair-judge made it: the whole pairs folder (its part 2 under PAIRS_DATA_SPLIT)."""
     from utils.data.sampled_pairs import PAIRS_DATA_SPLIT
 
-    if "pairs" not in dirs or stage_spec(stage).step != 2 or stage_spec(stage) is STAGES["pairs"]:
+    if "pairs" not in dirs or stage_spec(stage).step != 2 or stage_base(stage) == "pairs":
         return []
     return ["--data_path", str(dirs["pairs"]), "--data_split", PAIRS_DATA_SPLIT]
 
@@ -344,8 +349,7 @@ def pairs_data_flags(args, stage, dirs):
 def stage_recipes(args, stage):
     """The recipe keys of `stage`: its Stage's, then for DPO on the actor's judged answers (--pair-judge)
     "dpo_pairs" (the settings that differ from DPO on a data set's pairs)."""
-    spec = stage_spec(stage)
-    return spec.recipes + (("dpo_pairs",) if args.pair_judge and spec is STAGES["dpo"] else ())
+    return stage_spec(stage).recipes + (("dpo_pairs",) if args.pair_judge and stage_base(stage) == "dpo" else ())
 
 
 def step_command(args, stage, dirs):

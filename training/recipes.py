@@ -157,8 +157,7 @@ def data_kind(data_paths):
 
 def recipe_flags(model, step, data_paths=None):
     """The recipe flags of `step` (1, 2, 3, "grpo", "dpo", "pairs", "dpo_pairs", or "eval": prompt_eval.py's at the
-    end of train.py) for
-    `model` (a built-in name, a hub name or a folder) on `data_paths` (None: each step's default data): the
-    model's recipe, then its data recipe's."""
+    end of train.py) for `model` (a built-in name, a hub name or a folder) on `data_paths` (None: each step's
+    default data): the model's recipe, then its data recipe's."""
     flags = list(RECIPES.get(model, RECIPES["default"]).get(step, []))
     return flags + list(DATA_RECIPES.get((model, data_kind(data_paths)), {}).get(step, []))
