@@ -32,6 +32,7 @@ def init_distributed():
     accelerator = get_accelerator()
     if accelerator.device_name() == "cpu":
         device = torch.device("cpu")
+        unlink_shared_memory_buffer()
     else:
         accelerator.set_device(local_rank)
         device = torch.device(accelerator.device_name(local_rank))
@@ -46,6 +47,22 @@ def skip_shared_memory_op_build():
     backend = importlib.import_module("deepspeed.comm.torch")  # (the attribute deepspeed.comm.torch is torch)
     if hasattr(backend, "build_shm_op"):
         backend.build_shm_op = lambda: None
+
+
+def unlink_shared_memory_buffer():
+    """Remove the name of this rank's buffer of DeepSpeed's shared-memory all-reduce (a CPU world whose ranks are
+    all on this machine), keeping the buffer. DeepSpeed 0.19 maps a 69 MB buffer per rank from /dev/shm and never
+    unlinks it, so every run of two processes left 138 MB of memory taken until a reboot (14 GB on one machine here
+    after a day of test runs). Once every rank has mapped every rank's buffer (DeepSpeed's start-up, then the
+    barrier), the names are no longer needed: the memory stays mapped while the processes run and is freed when the
+    last one ends, however it ends."""
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    if world_size == "1" or os.environ.get("LOCAL_SIZE") != world_size:  # no shared-memory all-reduce
+        return
+    torch.distributed.barrier()
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{torch.distributed.get_rank()}")
+    (Path("/dev/shm") / name).unlink(missing_ok=True)
 
 
 def check_op_build_lock(name):

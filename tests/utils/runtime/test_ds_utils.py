@@ -275,3 +275,37 @@ def test_a_stale_op_build_lock_is_one_error_naming_it_within_seconds(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+SHARED_MEMORY_RANK = """
+import os, sys
+from pathlib import Path
+import torch
+import deepspeed.comm as dist
+from utils.runtime.dist import init_distributed
+
+rank, world_size, _, _ = init_distributed()
+torch.distributed.barrier()  # both ranks past start-up
+name = "deepspeed_allreduce_buffer_{}_127.0.0.1_{}_".format(os.getuid(), os.environ["MASTER_PORT"])
+left = sorted(path.name for path in Path("/dev/shm").glob(name + "*"))
+total = torch.full((4096,), float(rank + 1))
+dist.inference_all_reduce(total)  # DeepSpeed's shared-memory all-reduce, through the buffers whose names are gone
+print("RESULT", rank, world_size, total.unique().tolist(), left, flush=True)
+"""
+
+
+def test_two_processes_leave_no_shared_memory_buffer_behind():
+    """DeepSpeed's CPU all-reduce buffers (69 MB a rank in /dev/shm) lose their names once both ranks have mapped
+    them (`unlink_shared_memory_buffer`): nothing is left after the run, not even after a SIGKILL, and the
+    shared-memory all-reduce still adds up."""
+    env = {**subprocess_env(), "WORLD_SIZE": "2", "LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    ranks = [subprocess.Popen([sys.executable, "-c", SHARED_MEMORY_RANK], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=300) for rank in ranks]
+    for rank, (stdout, stderr) in enumerate(outputs):
+        assert ranks[rank].returncode == 0, stderr[-2000:]
+        result = next(line for line in stdout.splitlines() if line.startswith("RESULT")).split(maxsplit=4)
+        assert result[1:4] == [str(rank), "2", "[3.0]"]  # 1 + 2 everywhere
+        assert result[4] == "[]"  # while both ranks still run: no name left for a kill to leak
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_127.0.0.1_{env['MASTER_PORT']}_*"))
