@@ -12,9 +12,11 @@ instead:
   one row, and their keys and values copied to all rows: the rows then carry on from that shared prefix;
 - a prompt that several rows answer (a group of `--num_samples_per_prompt` answers) is run once, and its keys
   and values copied to each of its rows;
-- on a CPU the one-token decoding steps use Hugging Face's "eager" attention (two matmuls and a softmax) instead
-  of PyTorch's fused `scaled_dot_product_attention`, whose CPU kernel is slower for a single query, most of all
-  in bf16 (`python -m bench --sections sampler` measures the whole sampler against `generate`);
+- on a CPU a Llama model (the built-in default's, SmolLM2's) runs without Hugging Face's forward and cache
+  (`inference.llama_decoding`: q/k/v in one matmul, keys and values written in place, attention in float32);
+  other models' decoding steps use Hugging Face's "eager" attention (two matmuls and a softmax) instead of
+  PyTorch's fused `scaled_dot_product_attention`, whose CPU kernel is slower for a single query, most of all in
+  bf16 (`python -m bench --sections sampler` measures the whole sampler against `generate`);
 - rows that have emitted EOS are dropped from the batch (and their cache) instead of being carried to the end;
 - the model computes the logits of the last position only, and the loop has no logits processors, stopping
   criteria or per-step input preparation beyond one column of mask and positions.
@@ -27,10 +29,9 @@ Under ZeRO-3 with more than one rank every forward pass gathers parameters from 
 the same number of them: with `synced=True` a rank whose rows are all finished keeps running (one-token) forward
 passes until an all-reduce says every rank is done, like `generate(synced_gpus=True)`.
 """
-import contextlib
-
 import torch
 
+from inference.llama_decoding import llama_decoder
 from utils.model.model_utils import (cache_kwargs, last_logits_kwargs, new_kv_cache, position_ids_from_mask,
                                      takes_cache)
 
@@ -125,20 +126,20 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
     eos_ids = torch.tensor([] if eos_token_id is None else
                            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
                            dtype=torch.long, device=device)
-    cache = new_kv_cache(model)
     k = shared_prefix_length(input_ids, attention_mask) if share_prefix else 0
     if synced:
         k = _agree_min(k, device)
-    logits, mask = _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_tokens)
-    next_position = attention_mask.sum(1)  # the first answer token's position: the number of prompt tokens
     prompt_len = input_ids.shape[1]
+    decoder = llama_decoder(model, prompt_len + max_new_tokens) or ForwardDecoder(model)
+    logits, mask = _prefill(decoder, input_ids, attention_mask, k, pad_token_id, max_new_tokens)
+    next_position = attention_mask.sum(1)  # the first answer token's position: the number of prompt tokens
 
     answers = torch.full((batch, max_new_tokens), pad_token_id, dtype=input_ids.dtype, device=device)
     logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device) if return_logprobs else None
     rows = torch.arange(batch, device=device)  # original row of each row of the running batch
     running = torch.ones(batch, dtype=torch.bool, device=device)  # of the running batch: not finished yet
     steps, done = 0, False
-    with decoding_attention(model, device):
+    with decoder:
         for step in range(max_new_tokens):
             if not done:
                 z = logits.float()
@@ -162,21 +163,21 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
             finished = int((~running).sum())
             if finished and finished * COMPACT_FRACTION >= running.numel():
                 keep = running.nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
+                decoder.select(keep)
                 rows, tokens, mask, next_position = rows[keep], tokens[keep], mask[keep], next_position[keep]
                 running = running[keep]
-            logits = _forward(model, cache, tokens.unsqueeze(1), mask[:, :prompt_len + step + 1],
-                              next_position.unsqueeze(1))
+            logits = decoder.forward(tokens.unsqueeze(1), mask[:, :prompt_len + step + 1],
+                                     next_position.unsqueeze(1))
             next_position = next_position + 1
 
     seq = torch.cat([input_ids, answers[:, :steps]], dim=1)
     return (seq, logprobs[:, :steps]) if return_logprobs else seq
 
 
-def _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_tokens):
+def _prefill(decoder, input_ids, attention_mask, k, pad_token_id, max_new_tokens):
     """(logits of each row's last prompt token (B, V), mask (B, P + max_new_tokens) of the cache's columns): the
-    prompts run through the model into `cache`, the shared prefix of k tokens once for all rows when k > 0, and
-    each distinct prompt once however many rows it has."""
+    prompts run through the model into the decoder's cache, the shared prefix of k tokens once for all rows when
+    k > 0, and each distinct prompt once however many rows it has."""
     rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
     distinct, copies = torch.unique(rows, dim=0, return_inverse=True)
     if distinct.shape[0] < rows.shape[0]:  # the distinct prompts run, then are copied to their rows below
@@ -187,41 +188,50 @@ def _prefill(model, cache, input_ids, attention_mask, k, pad_token_id, max_new_t
     batch = input_ids.shape[0]
     if k:
         prefix, input_ids, attention_mask = split_shared_prefix(input_ids, attention_mask, k, pad_token_id)
-        _forward(model, cache, prefix.unsqueeze(0), attention_mask[:1, :k],
-                 torch.arange(k, device=prefix.device).unsqueeze(0))
-        cache.batch_repeat_interleave(batch)
+        decoder.forward(prefix.unsqueeze(0), attention_mask[:1, :k], torch.arange(k, device=prefix.device).unsqueeze(0))
+        decoder.repeat(batch)
     positions = position_ids_from_mask(attention_mask)[:, k:]
-    logits = _forward(model, cache, input_ids, attention_mask, positions)
+    logits = decoder.forward(input_ids, attention_mask, positions)
     mask = torch.cat([attention_mask, attention_mask.new_ones(batch, max_new_tokens)], dim=1)
     if copies is not None:
-        cache.batch_select_indices(copies)
+        decoder.select(copies)
         logits, mask = logits[copies], mask[copies]
     return logits, mask
 
 
-def _forward(model, cache, input_ids, attention_mask, position_ids):
-    """The logits of the last position of each row, (B, V), with the cache updated."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-                **cache_kwargs(model, cache), **last_logits_kwargs(model, 1))
-    return out.logits[:, -1]
+class ForwardDecoder:
+    """The model's own forward with a Hugging Face key/value cache: `forward` runs tokens (B, T) after the columns
+    so far and returns the last position's logits (B, V); `select` and `repeat` change the rows. As a context
+    (around the decoding steps), on a CPU the model uses Hugging Face's "eager" attention where it would use
+    PyTorch's `scaled_dot_product_attention` ("sdpa"): for one query a row, two matmuls and a softmax are faster
+    there (the module docstring)."""
 
+    def __init__(self, model):
+        self.model, self.cache = model, new_kv_cache(model)
+        config = getattr(model, "config", None)
+        self.switch = (next(model.parameters()).device.type == "cpu"
+                       and getattr(config, "_attn_implementation", None) == "sdpa"
+                       and hasattr(model, "set_attn_implementation") and model._can_set_attn_implementation())
 
-@contextlib.contextmanager
-def decoding_attention(model, device):
-    """Within it `model` uses Hugging Face's "eager" attention when it is on a CPU and would use PyTorch's
-    `scaled_dot_product_attention` ("sdpa"): for one query a row, two matmuls and a softmax are faster there (the
-    module docstring). Elsewhere, or for a model that cannot switch, nothing changes."""
-    config = getattr(model, "config", None)
-    switch = (device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa"
-              and hasattr(model, "set_attn_implementation") and model._can_set_attn_implementation())
-    if not switch:
-        yield
-        return
-    model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        model.set_attn_implementation("sdpa")
+    def __enter__(self):
+        if self.switch:
+            self.model.set_attn_implementation("eager")
+        return self
+
+    def __exit__(self, *exc):
+        if self.switch:
+            self.model.set_attn_implementation("sdpa")
+
+    def select(self, rows):
+        self.cache.batch_select_indices(rows)
+
+    def repeat(self, copies):
+        self.cache.batch_repeat_interleave(copies)
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, **cache_kwargs(self.model, self.cache), **last_logits_kwargs(self.model, 1))
+        return out.logits[:, -1]
 
 
 def _everyone_done(done, synced, device):

@@ -24,16 +24,19 @@ EOS_EVERY = 9
 its rows after a few tokens each, at different steps, as a trained one does."""
 
 
-@pytest.fixture(scope="module")
-def varied(tiny_tokenizer):
-    """(model, tokenizer)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+@pytest.fixture(scope="module", params=["llama", "mistral"])
+def varied(request, tiny_tokenizer):
+    """(model, tokenizer): a Llama, whose decoding steps `inference.llama_decoding` computes, and a Mistral of the
+    same shape, which steps through its own forward."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
+    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),
+                                 "mistral": (MistralConfig, MistralForCausalLM)}[request.param]
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
-                         tie_word_embeddings=False, pad_token_id=tiny_tokenizer.pad_token_id)
-    return LlamaForCausalLM(config).eval(), tiny_tokenizer
+    config = config_class(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2,
+                          tie_word_embeddings=False, pad_token_id=tiny_tokenizer.pad_token_id)
+    return model_class(config).eval(), tiny_tokenizer
 
 
 def prompt_batch(tokenizer, system=SYSTEM):
@@ -141,21 +144,22 @@ def test_a_group_of_answers_to_one_prompt_runs_the_prompt_once(varied):
     """Rows of one prompt (step 3's --num_samples_per_prompt): the prompt runs for one row of each group, and the
     answers' log-probs still equal a training pass's."""
     model, tokenizer = varied
-    batches = []
-    hook = model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape),
-                                           with_kwargs=True)
+    batches = []  # the token batches embedded: (rows, tokens) of a forward pass, (rows,) of a Llama decoding step
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda module, args: batches.append(args[0].shape))
     try:
         answers = check_logprobs(model, tokenizer, temperature=1.0, top_p=1.0, group=4)
     finally:
         hook.remove()
     prefix, prompts = batches[:2]
     assert prefix[0] == 1 and prompts[0] == len(QUESTIONS)  # not 4 x len(QUESTIONS)
-    assert batches[2] == (4 * len(QUESTIONS), 1)  # then every row decodes
+    assert batches[2][0] == 4 * len(QUESTIONS) and batches[2].numel() == 4 * len(QUESTIONS)  # then every row decodes
     groups = answers.view(len(QUESTIONS), 4, -1)
     assert any(len({tuple(row) for row in group.tolist()}) > 1 for group in groups)  # a group's answers differ
 
 
-def test_decoding_steps_use_eager_attention_on_a_cpu_and_the_model_is_left_as_it_was(varied):
+def test_a_llama_skips_its_forward_and_other_models_decode_with_eager_attention_on_a_cpu(varied):
+    """A Llama runs through `inference.llama_decoding` (never its forward); another model's prompts run through
+    its forward with its own attention, the decoding steps with "eager" attention, and it is left as it was."""
     model, tokenizer = varied
     assert model.config._attn_implementation == "sdpa"
     seen = []
@@ -167,8 +171,11 @@ def test_decoding_steps_use_eager_attention_on_a_cpu_and_the_model_is_left_as_it
         sample(model, input_ids, attention_mask, 6, eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
     finally:
         hook.remove()
-    assert {implementation for length, implementation in seen if length > 1} == {"sdpa"}  # the prompt
-    assert [implementation for length, implementation in seen if length == 1] == ["eager"] * 5
+    if type(model).__name__ == "LlamaForCausalLM":
+        assert seen == []
+    else:
+        assert {implementation for length, implementation in seen if length > 1} == {"sdpa"}  # the prompt
+        assert [implementation for length, implementation in seen if length == 1] == ["eager"] * 5
     assert model.config._attn_implementation == "sdpa"
 
 

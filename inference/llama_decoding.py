@@ -1,0 +1,145 @@
+"""A Llama model's forward for sampling on a CPU, in fewer and cheaper operations than its Hugging Face forward.
+
+`inference.sampling.sample` asks `llama_decoder` for a decoder: for a plain `LlamaForCausalLM` in eval mode on a
+CPU (no LoRA layers, no ZeRO-3 partitioned parameters) a `LlamaDecoder`, which computes what the model's forward
+computes, for the prompts and then one token a row:
+
+    h = embed(tokens)
+    for each layer:  x = rms(h);  q, k, v = x W_qkv;  q, k = rope(q), rope(k)  (cos, sin from the model's rotary_emb)
+                     h = h + softmax(q K^T * scaling + mask) V W_o              (K, V: every column so far)
+                     x = rms(h);  h = h + (act(x W_gate) * x W_up) W_down
+    logits = lm_head(rms(h))  (the last position only)
+
+with q, k and v one matmul (their weights concatenated once a rollout), keys and values written into
+buffers allocated for the whole answer (no cache growing by concatenation), and attention in float32: in bf16 the
+many small batched matmuls of attention are about twice as slow on a CPU, and PyTorch's fused attention kernel is
+slower still for a few queries a row; float32 is also what the softmax computes in. Anything else (another
+architecture, LoRA, ZeRO-3, a GPU) gets None, and `sample` runs the model's own forward with a Hugging Face cache.
+In float32 the logits equal the forward's to rounding (tests/inference/test_llama_decoding.py).
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LLAMA_PARTS = {"LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"}
+
+
+def llama_decoder(model, capacity):
+    """A `LlamaDecoder` of `model` with room for `capacity` columns (prompt and answer), or None when `model` is not
+    a plain Llama in eval mode on a CPU."""
+    model = getattr(model, "module", model)
+    if not _plain_llama(model) or model.training or model.lm_head.weight.device.type != "cpu":
+        return None
+    return LlamaDecoder(model, capacity)
+
+
+def _plain_llama(model):
+    if type(model).__name__ != "LlamaForCausalLM" or type(model.lm_head) is not nn.Linear:
+        return False
+    if any(hasattr(param, "ds_id") for param in model.parameters()):  # ZeRO-3: gathered by the forward's hooks
+        return False
+    for layer in model.model.layers:
+        parts = (model.model, layer, layer.self_attn, layer.mlp, layer.input_layernorm,
+                 layer.post_attention_layernorm, model.model.norm)
+        attention, mlp = layer.self_attn, layer.mlp
+        linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj,
+                   mlp.up_proj, mlp.down_proj)
+        if any(type(part).__name__ not in LLAMA_PARTS for part in parts) or any(type(linear) is not nn.Linear
+                                                                                 for linear in linears):
+            return False
+    return True
+
+
+def _concat(*linears):
+    """(weight, bias) of one linear layer computing all of `linears` side by side."""
+    weight = torch.cat([linear.weight for linear in linears])
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    return weight, torch.cat([linear.bias if linear.bias is not None else weight.new_zeros(linear.out_features)
+                              for linear in linears])
+
+
+def _rms(x, norm):
+    """LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, back to x's dtype, times the weight."""
+    return norm.weight * F.rms_norm(x.float(), x.shape[-1:], eps=norm.variance_epsilon).to(x.dtype)
+
+
+def _rope(x, cos, signed_sin):
+    """x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1) for x = (x1, x2), as x * cos + (x2, x1) *
+    (-sin1, sin2): x (B, T, heads, head_dim), cos and signed_sin (B, T, 1, head_dim)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+class LlamaDecoder:
+    """A Llama model with its keys and values: `forward` runs tokens after the columns so far, `select` and
+    `repeat` change the rows. Used as a context (nothing to set up)."""
+
+    def __init__(self, model, capacity):
+        config = model.config
+        self.model, self.capacity = model, capacity
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.layers = []
+        for layer in model.model.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            self.layers.append((layer.input_layernorm, _concat(attention.q_proj, attention.k_proj, attention.v_proj),
+                                attention.o_proj, attention.scaling, layer.post_attention_layernorm, mlp))
+        self.keys = self.values = None  # per layer (B, kv_heads, capacity, head_dim), float32, from the first call
+        self.length = 0  # the columns filled so far
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def select(self, rows):
+        """Keep the rows `rows` (indices, in that order, repeats allowed)."""
+        def gather(buffer):  # index_select into a new buffer: ~5x faster than buffer[rows] here
+            return torch.index_select(buffer, 0, rows, out=buffer.new_empty((len(rows), *buffer.shape[1:])))
+
+        self.keys = [gather(keys) for keys in self.keys]
+        self.values = [gather(values) for values in self.values]
+
+    def repeat(self, copies):
+        """Each row `copies` times in a row."""
+        self.select(torch.arange(self.keys[0].shape[0]).repeat_interleave(copies))
+
+    @torch.no_grad()
+    def forward(self, input_ids, attention_mask, position_ids):
+        """The logits (B, V) of the last of T new tokens a row: input_ids and position_ids (B, T), attention_mask
+        (B, length + T) over every column so far (0: padding)."""
+        batch, new = input_ids.shape
+        heads, kv_heads, head_dim, start = self.heads, self.kv_heads, self.head_dim, self.length
+        end = start + new
+        if self.keys is None:
+            shape = (batch, kv_heads, self.capacity, head_dim)
+            self.keys = [torch.empty(shape, dtype=torch.float32) for _ in self.layers]
+            self.values = [torch.empty(shape, dtype=torch.float32) for _ in self.layers]
+        # column c is visible to the new token t when it is not padding and c <= start + t
+        visible = attention_mask[:, None, :end].bool() & (torch.arange(end) <= start + torch.arange(new)[:, None])
+        bias = torch.zeros(visible.shape).masked_fill_(~visible, torch.finfo(torch.float32).min)
+        group = heads // kv_heads
+        bias = bias.repeat(1, group, 1).unsqueeze(1)  # (B, 1, group * T, end), as the queries below
+
+        inner = self.model.model
+        h = inner.embed_tokens(input_ids)  # (B, T, hidden)
+        cos, sin = (part.unsqueeze(2) for part in inner.rotary_emb(h, position_ids))  # (B, T, 1, head_dim)
+        half = head_dim // 2
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        for index, (norm1, (qkv, qkv_bias), out, scaling, norm2, mlp) in enumerate(self.layers):
+            y = F.linear(_rms(h, norm1), qkv, qkv_bias).view(batch, new, heads + 2 * kv_heads, head_dim)
+            q_and_k = _rope(y[:, :, :heads + kv_heads], cos, signed_sin)
+            q = q_and_k[:, :, :heads]
+            self.keys[index][:, :, start:end] = q_and_k[:, :, heads:].transpose(1, 2)
+            self.values[index][:, :, start:end] = y[:, :, heads + kv_heads:].transpose(1, 2)
+            keys, values = self.keys[index][:, :, :end], self.values[index][:, :, :end]
+            # query head j * group + i reads key/value head j, as Hugging Face's repeat_kv: (B, kv_heads, group * T)
+            q = q.float().transpose(1, 2).reshape(batch, kv_heads, group * new, head_dim)
+            weights = (q @ keys.transpose(2, 3) * scaling + bias).softmax(dim=-1)
+            attended = (weights @ values).view(batch, heads, new, head_dim).transpose(1, 2)
+            h = h + out(attended.reshape(batch, new, heads * head_dim).to(h.dtype))
+            x = _rms(h, norm2)
+            h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+        self.length = end
+        return self.model.lm_head(_rms(h[:, -1], inner.norm))
