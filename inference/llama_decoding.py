@@ -20,32 +20,45 @@ In float32 the logits equal the forward's to rounding (tests/inference/test_llam
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama import modeling_llama as llama
 
-LLAMA_PARTS = {"LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"}
+MAX_BUFFER_BYTES = 4 << 30
+"""Above this size of key/value buffers (float32, whole answer, all rows) the model's own bf16 cache, grown as
+needed, is kept instead."""
 
 
-def llama_decoder(model, capacity):
-    """A `LlamaDecoder` of `model` with room for `capacity` columns (prompt and answer), or None when `model` is not
-    a plain Llama in eval mode on a CPU."""
+def llama_decoder(model, rows, capacity):
+    """A `LlamaDecoder` of `model` for `rows` rows with room for `capacity` columns (prompt and answer), or None
+    when `model` is not a plain Llama in eval mode on a CPU, or its buffers would pass MAX_BUFFER_BYTES."""
     model = getattr(model, "module", model)
     if not _plain_llama(model) or model.training or model.lm_head.weight.device.type != "cpu":
+        return None
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if 2 * len(model.model.layers) * rows * config.num_key_value_heads * capacity * head_dim * 4 > MAX_BUFFER_BYTES:
         return None
     return LlamaDecoder(model, capacity)
 
 
 def _plain_llama(model):
-    if type(model).__name__ != "LlamaForCausalLM" or type(model.lm_head) is not nn.Linear:
+    """Whether `model` is transformers' own Llama (these exact classes, not a subclass or remote code with the same
+    names), with plain linear layers (no LoRA) and parameters in place (not ZeRO-3's, gathered by hooks)."""
+    if type(model) is not llama.LlamaForCausalLM or type(model.lm_head) is not nn.Linear:
         return False
-    if any(hasattr(param, "ds_id") for param in model.parameters()):  # ZeRO-3: gathered by the forward's hooks
+    if any(hasattr(param, "ds_id") for param in model.parameters()):
         return False
-    for layer in model.model.layers:
-        parts = (model.model, layer, layer.self_attn, layer.mlp, layer.input_layernorm,
-                 layer.post_attention_layernorm, model.model.norm)
+    inner = model.model
+    if type(inner) is not llama.LlamaModel or type(inner.norm) is not llama.LlamaRMSNorm \
+            or len(inner.layers) != model.config.num_hidden_layers:
+        return False
+    for layer in inner.layers:
         attention, mlp = layer.self_attn, layer.mlp
+        parts = {layer: llama.LlamaDecoderLayer, attention: llama.LlamaAttention, mlp: llama.LlamaMLP,
+                 layer.input_layernorm: llama.LlamaRMSNorm, layer.post_attention_layernorm: llama.LlamaRMSNorm}
         linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj,
                    mlp.up_proj, mlp.down_proj)
-        if any(type(part).__name__ not in LLAMA_PARTS for part in parts) or any(type(linear) is not nn.Linear
-                                                                                 for linear in linears):
+        if any(type(part) is not kind for part, kind in parts.items()) or any(type(linear) is not nn.Linear
+                                                                               for linear in linears):
             return False
     return True
 
@@ -74,6 +87,7 @@ class LlamaDecoder:
     """A Llama model with its keys and values: `forward` runs tokens after the columns so far, `select` and
     `repeat` change the rows. Used as a context (nothing to set up)."""
 
+    @torch.no_grad()
     def __init__(self, model, capacity):
         config = model.config
         self.model, self.capacity = model, capacity
@@ -95,8 +109,10 @@ class LlamaDecoder:
 
     def select(self, rows):
         """Keep the rows `rows` (indices, in that order, repeats allowed)."""
-        def gather(buffer):  # index_select into a new buffer: ~5x faster than buffer[rows] here
-            return torch.index_select(buffer, 0, rows, out=buffer.new_empty((len(rows), *buffer.shape[1:])))
+        def gather(buffer):  # the filled columns, by index_select into the new buffer: ~5x faster than indexing
+            new = buffer.new_empty((len(rows), *buffer.shape[1:]))
+            torch.index_select(buffer[:, :, :self.length], 0, rows, out=new[:, :, :self.length])
+            return new
 
         self.keys = [gather(keys) for keys in self.keys]
         self.values = [gather(values) for values in self.values]
@@ -112,6 +128,9 @@ class LlamaDecoder:
         batch, new = input_ids.shape
         heads, kv_heads, head_dim, start = self.heads, self.kv_heads, self.head_dim, self.length
         end = start + new
+        if attention_mask.shape[1] != end or end > self.capacity:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[1]} columns, not the {start} so far + {new} "
+                             f"new ones (room for {self.capacity})")
         if self.keys is None:
             shape = (batch, kv_heads, self.capacity, head_dim)
             self.keys = [torch.empty(shape, dtype=torch.float32) for _ in self.layers]

@@ -130,7 +130,7 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
     if synced:
         k = _agree_min(k, device)
     prompt_len = input_ids.shape[1]
-    decoder = llama_decoder(model, prompt_len + max_new_tokens) or ForwardDecoder(model)
+    decoder = llama_decoder(model, batch, prompt_len + max_new_tokens) or ForwardDecoder(model)
     logits, mask = _prefill(decoder, input_ids, attention_mask, k, pad_token_id, max_new_tokens)
     next_position = attention_mask.sum(1)  # the first answer token's position: the number of prompt tokens
 
@@ -209,6 +209,7 @@ class ForwardDecoder:
     def __init__(self, model):
         self.model, self.cache = model, new_kv_cache(model)
         config = getattr(model, "config", None)
+        # the model's device: where its forward runs (the inputs are there too)
         self.switch = (next(model.parameters()).device.type == "cpu"
                        and getattr(config, "_attn_implementation", None) == "sdpa"
                        and hasattr(model, "set_attn_implementation") and model._can_set_attn_implementation())

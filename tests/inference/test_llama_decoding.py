@@ -57,16 +57,27 @@ def run(decoder, share_prefix=True):
     return out
 
 
-@pytest.mark.parametrize("bias", [False, True])
+VARIANTS = {
+    "plain": {},
+    "biases": dict(attention_bias=True, mlp_bias=True),
+    "head_dim 24 of hidden 64 / 4 heads": dict(head_dim=24),
+    "tied embeddings": dict(tie_word_embeddings=True),
+    "multi-head (4 kv heads)": dict(num_key_value_heads=4),
+    "llama3 rope scaling": dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8,
+                                                 "rope_theta": 10000.0}),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("share_prefix", [True, False])
-def test_the_decoder_computes_the_models_forward(bias, share_prefix):
-    model = llama(attention_bias=bias, mlp_bias=bias)
-    if bias:  # nonzero biases, or adding them changes nothing
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith(".bias"):
-                    param.normal_(0, 0.5)
-    decoder = llama_decoder(model, 9 + STEPS)
+def test_the_decoder_computes_the_models_forward(variant, share_prefix):
+    model = llama(**VARIANTS[variant])
+    with torch.no_grad():  # nonzero biases, or adding them changes nothing
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0, 0.5)
+    decoder = llama_decoder(model, 5, 9 + STEPS)
     assert isinstance(decoder, LlamaDecoder)
     ours, theirs = run(decoder, share_prefix), run(ForwardDecoder(model), share_prefix)
     for lean_logits, logits in zip(ours, theirs, strict=True):
@@ -79,13 +90,24 @@ def test_the_decoder_computes_the_models_forward(bias, share_prefix):
 def test_in_bf16_the_logits_differ_from_the_forwards_by_rounding_only():
     """Attention in float32 instead of bf16 (the module docstring): the logits move by bf16 rounding, no more."""
     model = llama(torch.bfloat16)
-    for lean_logits, logits in zip(run(llama_decoder(model, 9 + STEPS)), run(ForwardDecoder(model))):
+    for lean_logits, logits in zip(run(llama_decoder(model, 5, 9 + STEPS)), run(ForwardDecoder(model))):
         assert (lean_logits.float() - logits.float()).abs().max() < 0.03 * logits.float().abs().max()
 
 
 def test_only_a_plain_llama_in_eval_mode_gets_the_decoder():
-    assert isinstance(llama_decoder(llama(), 8), LlamaDecoder)
-    assert llama_decoder(llama().train(), 8) is None  # dropout would apply
-    assert llama_decoder(convert_linear_layer_to_lora(llama(), "layers.", 4), 8) is None  # LoRA in the projections
+    assert isinstance(llama_decoder(llama(), 5, 8), LlamaDecoder)
+    assert llama_decoder(llama().train(), 5, 8) is None  # dropout would apply
+    assert llama_decoder(convert_linear_layer_to_lora(llama(), "layers.", 4), 5, 8) is None  # LoRA projections
+    zero3 = llama()
+    next(zero3.parameters()).ds_id = 0  # as ZeRO-3 marks the parameters it partitions
+    assert llama_decoder(zero3, 5, 8) is None
+    assert llama_decoder(llama(), 10 ** 6, 10 ** 4) is None  # buffers past MAX_BUFFER_BYTES
     torch.manual_seed(0)
-    assert llama_decoder(MistralForCausalLM(MistralConfig(**SHAPE)).eval(), 8) is None  # another architecture
+    assert llama_decoder(MistralForCausalLM(MistralConfig(**SHAPE)).eval(), 5, 8) is None  # another architecture
+
+
+def test_a_mask_that_does_not_cover_the_columns_is_refused():
+    decoder = llama_decoder(llama(), 2, 8)
+    with pytest.raises(ValueError, match="covers 4 columns, not the 0 so far"):
+        decoder.forward(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),
+                        torch.arange(3).repeat(2, 1))

@@ -296,13 +296,17 @@ print("RESULT", rank, world_size, total.unique().tolist(), left, flush=True)
 
 def test_two_processes_leave_no_shared_memory_buffer_behind():
     """DeepSpeed's CPU all-reduce buffers (69 MB a rank in /dev/shm) lose their names once both ranks have mapped
-    them (`unlink_shared_memory_buffer`): nothing is left after the run, not even after a SIGKILL, and the
-    shared-memory all-reduce still adds up."""
+    them (`unlink_shared_memory_buffer`): no name is left while both ranks still run (so a SIGKILL leaks nothing)
+    or after, and DeepSpeed's all-reduce for inference still adds up."""
     env = {**subprocess_env(), "WORLD_SIZE": "2", "LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
     ranks = [subprocess.Popen([sys.executable, "-c", SHARED_MEMORY_RANK], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
                               env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in (0, 1)]
-    outputs = [rank.communicate(timeout=300) for rank in ranks]
+    try:
+        outputs = [rank.communicate(timeout=300) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
     for rank, (stdout, stderr) in enumerate(outputs):
         assert ranks[rank].returncode == 0, stderr[-2000:]
         result = next(line for line in stdout.splitlines() if line.startswith("RESULT")).split(maxsplit=4)
