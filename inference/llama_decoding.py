@@ -33,9 +33,8 @@ def llama_decoder(model, rows, capacity):
     model = getattr(model, "module", model)
     if not _plain_llama(model) or model.training or model.lm_head.weight.device.type != "cpu":
         return None
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if 2 * len(model.model.layers) * rows * config.num_key_value_heads * capacity * head_dim * 4 > MAX_BUFFER_BYTES:
+    layers, head_dim = model.model.layers, model.model.layers[0].self_attn.head_dim
+    if 2 * len(layers) * rows * model.config.num_key_value_heads * capacity * head_dim * 4 > MAX_BUFFER_BYTES:
         return None
     return LlamaDecoder(model, capacity)
 
@@ -49,7 +48,7 @@ def _plain_llama(model):
         return False
     inner = model.model
     if type(inner) is not llama.LlamaModel or type(inner.norm) is not llama.LlamaRMSNorm \
-            or len(inner.layers) != model.config.num_hidden_layers:
+            or not 0 < len(inner.layers) == model.config.num_hidden_layers:
         return False
     for layer in inner.layers:
         attention, mlp = layer.self_attn, layer.mlp
@@ -92,7 +91,7 @@ class LlamaDecoder:
         config = model.config
         self.model, self.capacity = model, capacity
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.head_dim = model.model.layers[0].self_attn.head_dim  # as the attention layers compute it
         self.layers = []
         for layer in model.model.layers:
             attention, mlp = layer.self_attn, layer.mlp
