@@ -10,11 +10,13 @@ computes, for the prompts and then one token a row:
                      x = rms(h);  h = h + (act(x W_gate) * x W_up) W_down
     logits = lm_head(rms(h))  (the last position only)
 
-with q, k and v one matmul (their weights concatenated once a rollout), keys and values written into
-buffers allocated for the whole answer (no cache growing by concatenation), and attention in float32: in bf16 the
-many small batched matmuls of attention are about twice as slow on a CPU, and PyTorch's fused attention kernel is
-slower still for a few queries a row; float32 is also what the softmax computes in. Anything else (another
-architecture, LoRA, ZeRO-3, a GPU) gets None, and `sample` runs the model's own forward with a Hugging Face cache.
+with q, k and v one matmul (their weights concatenated once a rollout), the prompts' left padding left out of
+everything but attention (norms, projections and the MLP run on real tokens only), cos and sin looked up in a
+table of positions, keys and values written into buffers allocated for the whole answer (no cache growing by
+concatenation), and attention in float32: in bf16 the many small batched matmuls of attention are about twice
+as slow on a CPU, and PyTorch's fused attention kernel is slower still for a few queries a row; float32 is also
+what the softmax computes in. Anything else (another architecture, LoRA, ZeRO-3, a GPU) gets None, and `sample`
+runs the model's own forward with a Hugging Face cache.
 In float32 the logits equal the forward's to rounding (tests/inference/test_llama_decoding.py).
 """
 import torch
@@ -82,6 +84,12 @@ def _rope(x, cos, signed_sin):
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
+def _signed(cos, sin, head_dim):
+    """cos and sin (B, T, head_dim) as `_rope` takes them: (B, T, 1, head_dim), the first half of sin negated."""
+    half = head_dim // 2
+    return cos.unsqueeze(2), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(2)
+
+
 class LlamaDecoder:
     """A Llama model with its keys and values: `forward` runs tokens after the columns so far, `select` and
     `repeat` change the rows. Used as a context (nothing to set up)."""
@@ -99,6 +107,18 @@ class LlamaDecoder:
                                 attention.o_proj, attention.scaling, layer.post_attention_layernorm, mlp))
         self.keys = self.values = None  # per layer (B, kv_heads, capacity, head_dim), float32, from the first call
         self.length = 0  # the columns filled so far
+        self.rotary_table = None  # (cos, signed sin) of positions 0 .. capacity - 1, from the first call
+
+    def _rotary(self, h, position_ids):
+        """(cos, signed sin) (B, T, 1, head_dim) of the positions, for `_rope`: looked up in a table of every
+        position the buffers hold, computed once (the same float operations a position at a time), unless the
+        rope's frequencies change with the positions (dynamic and long rope), then from the model's rotary_emb."""
+        rotary = self.model.model.rotary_emb
+        if "dynamic" in rotary.rope_type or rotary.rope_type == "longrope":
+            return _signed(*rotary(h, position_ids), self.head_dim)
+        if self.rotary_table is None:
+            self.rotary_table = _signed(*rotary(h, torch.arange(self.capacity).unsqueeze(0)), self.head_dim)
+        return tuple(part[0, position_ids] for part in self.rotary_table)
 
     def __enter__(self):
         return self
@@ -135,29 +155,46 @@ class LlamaDecoder:
             self.keys = [torch.empty(shape, dtype=torch.float32) for _ in self.layers]
             self.values = [torch.empty(shape, dtype=torch.float32) for _ in self.layers]
         # column c is visible to the new token t when it is not padding and c <= start + t
-        visible = attention_mask[:, None, :end].bool() & (torch.arange(end) <= start + torch.arange(new)[:, None])
-        bias = torch.zeros(visible.shape).masked_fill_(~visible, torch.finfo(torch.float32).min)
-        group = heads // kv_heads
-        bias = bias.repeat(1, group, 1).unsqueeze(1)  # (B, 1, group * T, end), as the queries below
+        visible = attention_mask[:, None, :end].bool()
+        if new > 1:
+            visible = visible & (torch.arange(end) <= start + torch.arange(new)[:, None])
+        bias = torch.where(visible, 0.0, torch.finfo(torch.float32).min)
+        group = heads // kv_heads  # query head j * group + i reads key/value head j, as Hugging Face's repeat_kv
+        bias = bias.repeat(1, group, 1).unsqueeze(1).expand(batch, kv_heads, group * new, end) \
+            .reshape(batch * kv_heads, group * new, end)  # as the queries below
+        # Left-padded prompts: the padding positions skip everything but attention (whose layout keeps them, as
+        # zeros), so norms, projections and the MLP run on the real tokens only.
+        real = attention_mask[:, start:end].bool()
+        packed = None
+        if new > 1 and bool(real[:, -1].all()) and not bool(real.all()):
+            packed = real.flatten().nonzero().squeeze(1)
+        else:
+            real = torch.ones_like(real)
+        last = real.sum(1).cumsum(0) - 1  # each row's last token among the rows of h
 
         inner = self.model.model
-        h = inner.embed_tokens(input_ids)  # (B, T, hidden)
-        cos, sin = (part.unsqueeze(2) for part in inner.rotary_emb(h, position_ids))  # (B, T, 1, head_dim)
-        half = head_dim // 2
-        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        h = inner.embed_tokens(input_ids.flatten() if packed is None else input_ids.flatten()[packed])
+        cos, signed_sin = self._rotary(h, position_ids)
+        width = (heads + 2 * kv_heads) * head_dim
+        padded = None if packed is None else h.new_zeros(batch * new, width)  # rows of padding stay 0
         for index, (norm1, (qkv, qkv_bias), out, scaling, norm2, mlp) in enumerate(self.layers):
-            y = F.linear(_rms(h, norm1), qkv, qkv_bias).view(batch, new, heads + 2 * kv_heads, head_dim)
+            y = F.linear(_rms(h, norm1), qkv, qkv_bias)
+            if packed is not None:
+                y = padded.index_copy_(0, packed, y)
+            y = y.view(batch, new, heads + 2 * kv_heads, head_dim)
             q_and_k = _rope(y[:, :, :heads + kv_heads], cos, signed_sin)
-            q = q_and_k[:, :, :heads]
             self.keys[index][:, :, start:end] = q_and_k[:, :, heads:].transpose(1, 2)
             self.values[index][:, :, start:end] = y[:, :, heads + kv_heads:].transpose(1, 2)
-            keys, values = self.keys[index][:, :, :end], self.values[index][:, :, :end]
-            # query head j * group + i reads key/value head j, as Hugging Face's repeat_kv: (B, kv_heads, group * T)
-            q = q.float().transpose(1, 2).reshape(batch, kv_heads, group * new, head_dim)
-            weights = (q @ keys.transpose(2, 3) * scaling + bias).softmax(dim=-1)
-            attended = (weights @ values).view(batch, heads, new, head_dim).transpose(1, 2)
-            h = h + out(attended.reshape(batch, new, heads * head_dim).to(h.dtype))
+            keys = self.keys[index][:, :, :end].reshape(batch * kv_heads, end, head_dim)
+            values = self.values[index][:, :, :end].reshape(batch * kv_heads, end, head_dim)
+            q = q_and_k[:, :, :heads].float().transpose(1, 2).reshape(batch * kv_heads, group * new, head_dim)
+            weights = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scaling).softmax(dim=-1)
+            attended = torch.bmm(weights, values).view(batch, heads, new, head_dim).transpose(1, 2)
+            attended = attended.reshape(batch * new, heads * head_dim)
+            if packed is not None:
+                attended = attended[packed]
+            h = h + out(attended.to(h.dtype))
             x = _rms(h, norm2)
             h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         self.length = end
-        return self.model.lm_head(_rms(h[:, -1], inner.norm))
+        return self.model.lm_head(_rms(h[last], inner.norm))

@@ -1,6 +1,8 @@
 """Tests of inference/llama_decoding.py: its forward (prompts with a shared prefix, then one token a row) against
 the model's own forward with a Hugging Face cache (left-padded rows, grouped-query attention, biases, rows
 repeated and dropped on the way), and which models get it."""
+import copy
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
@@ -66,6 +68,8 @@ VARIANTS = {
     "llama3 rope scaling": dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8,
                                                  "rope_theta": 10000.0}),
+    "dynamic rope past 8 positions": dict(max_position_embeddings=8,
+                                          rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
 }
 
 
@@ -77,9 +81,10 @@ def test_the_decoder_computes_the_models_forward(variant, share_prefix):
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.normal_(0, 0.5)
+    reference = copy.deepcopy(model)  # a dynamic rope keeps state from call to call: each run starts afresh
     decoder = llama_decoder(model, 5, 9 + STEPS)
     assert isinstance(decoder, LlamaDecoder)
-    ours, theirs = run(decoder, share_prefix), run(ForwardDecoder(model), share_prefix)
+    ours, theirs = run(decoder, share_prefix), run(ForwardDecoder(reference), share_prefix)
     for lean_logits, logits in zip(ours, theirs, strict=True):
         assert lean_logits.shape == logits.shape
         assert (lean_logits - logits).abs().max() < 1e-5 * logits.abs().max()

@@ -4,7 +4,7 @@ Llama with the tiny tokenizer (grouped-query attention; weights large enough tha
 row and token to token, where the untrained built-in model repeats one token)."""
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.logits_process import TopPLogitsWarper
 
 from inference.generation import NEUTRAL_PROCESSORS, tokenize_prompts
@@ -144,15 +144,21 @@ def test_a_group_of_answers_to_one_prompt_runs_the_prompt_once(varied):
     """Rows of one prompt (step 3's --num_samples_per_prompt): the prompt runs for one row of each group, and the
     answers' log-probs still equal a training pass's."""
     model, tokenizer = varied
-    batches = []  # the token batches embedded: (rows, tokens) of a forward pass, (rows,) of a Llama decoding step
+    batches = []  # the token batches embedded: (rows, tokens) of a forward pass, (tokens,) of the Llama decoder
     hook = model.get_input_embeddings().register_forward_pre_hook(lambda module, args: batches.append(args[0].shape))
     try:
         answers = check_logprobs(model, tokenizer, temperature=1.0, top_p=1.0, group=4)
     finally:
         hook.remove()
+    input_ids, attention_mask = prompt_batch(tokenizer)
+    k = shared_prefix_length(input_ids, attention_mask)
     prefix, prompts = batches[:2]
-    assert prefix[0] == 1 and prompts[0] == len(QUESTIONS)  # not 4 x len(QUESTIONS)
-    assert batches[2][0] == 4 * len(QUESTIONS) and batches[2].numel() == 4 * len(QUESTIONS)  # then every row decodes
+    assert prefix.numel() == k  # the shared prefix once, for one row
+    if isinstance(model, LlamaForCausalLM):  # the decoder embeds the real tokens only, not the left padding
+        assert prompts.numel() == int(attention_mask.sum()) - k * len(QUESTIONS)  # not 4 x as many
+    else:
+        assert prompts[0] == len(QUESTIONS)  # rows, not 4 x len(QUESTIONS)
+    assert batches[2].numel() == 4 * len(QUESTIONS)  # then every row decodes
     groups = answers.view(len(QUESTIONS), 4, -1)
     assert any(len({tuple(row) for row in group.tolist()}) > 1 for group in groups)  # a group's answers differ
 
