@@ -40,9 +40,10 @@ RECIPES = {
         # optimizer steps a round, as with 64 rollouts in 32s), the KL as a loss term, 2 epochs, the learning rate
         # decaying to 0 on a cosine, and the actor's moving average (--enable_ema), which train.py evaluates.
         # Held-out sampled gain of the moving average from the step-1 actor on a Zen 4 CPU in bf16 (README, "Beyond
-        # PPO"): +0.154 / +0.152 / +0.148 / +0.160 (seeds 1234, 2, 3, 4), greedy sums 0.975 / 0.955 / 0.955 / 0.955
-        # from 0.950; at a constant rate +0.158 / +0.158 / +0.163 / +0.160 but greedy sums 0.938 / 0.930 / 0.960 /
-        # 0.950: the last weights swing on held-out sums (0.815-0.955 greedy) while the rate stays up.
+        # PPO"): +0.154 / +0.152 / +0.148 / +0.160 / +0.150 / +0.157 (seeds 1234, 2, 3, 4, 5, 6), greedy sums 0.975 /
+        # 0.955 / 0.955 / 0.955 / 0.970 / 0.955 from 0.950; at a constant rate +0.158 / +0.158 / +0.163 / +0.160 but
+        # greedy sums 0.938 / 0.930 / 0.960 / 0.950: the last weights swing on held-out sums (0.815-0.955 greedy)
+        # while the rate stays up.
         "grpo": ["--per_device_generation_batch_size", "16", "--per_device_training_batch_size", "64",
                  "--num_samples_per_prompt", "8", "--ppo_epochs", "2", "--use_kl_loss", "--kl_loss_coef", "0.2",
                  "--actor_learning_rate", "6e-5", "--lr_scheduler_type", "cosine", "--enable_ema",
