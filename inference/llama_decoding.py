@@ -163,14 +163,12 @@ class LlamaDecoder:
         bias = bias.repeat(1, group, 1).unsqueeze(1).expand(batch, kv_heads, group * new, end) \
             .reshape(batch * kv_heads, group * new, end)  # as the queries below
         # Left-padded prompts: the padding positions skip everything but attention (whose layout keeps them, as
-        # zeros), so norms, projections and the MLP run on the real tokens only.
-        real = attention_mask[:, start:end].bool()
+        # zeros), so norms, projections and the MLP run on the real tokens only (`packed`: their indices).
         packed = None
-        if new > 1 and bool(real[:, -1].all()) and not bool(real.all()):
-            packed = real.flatten().nonzero().squeeze(1)
-        else:
-            real = torch.ones_like(real)
-        last = real.sum(1).cumsum(0) - 1  # each row's last token among the rows of h
+        if new > 1:
+            real = attention_mask[:, start:end].bool()
+            if bool(real[:, -1].all()) and not bool(real.all()):
+                packed = real.flatten().nonzero().squeeze(1)
 
         inner = self.model.model
         h = inner.embed_tokens(input_ids.flatten() if packed is None else input_ids.flatten()[packed])
@@ -197,4 +195,5 @@ class LlamaDecoder:
             x = _rms(h, norm2)
             h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         self.length = end
-        return self.model.lm_head(_rms(h[last], inner.norm))
+        last = h.view(batch, new, -1)[:, -1] if packed is None else h[real.sum(1).cumsum(0) - 1]
+        return self.model.lm_head(_rms(last, inner.norm))
