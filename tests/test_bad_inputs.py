@@ -283,6 +283,9 @@ CASES = [
          [*STEP3, *GRPO, "--reward_fn", "builtin", "--per_device_training_batch_size", "3"],
          ("--per_device_generation_batch_size (4) x --num_samples_per_prompt (2) must be a multiple of "
           "--per_device_training_batch_size (3)",)),
+    Case("step3 --positive_nll_coef -1", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--positive_nll_coef", "-1"],
+         ("--positive_nll_coef must be a finite number >= 0, not -1.0",)),
     Case("step3 --reward_fn that cannot be imported", "step3",
          [*STEP3, *GRPO, "--reward_fn", "no_such_module_anywhere:score"],
          ("--reward_fn no_such_module_anywhere:score: cannot import no_such_module_anywhere",)),

@@ -188,6 +188,12 @@ def add_critic_free_args(parser):
     add("--kl_loss_coef", type=float, default=0.001, help="Weight of the KL loss term of --use_kl_loss.")
     add("--kl_loss_estimator", type=str, default="k3", choices=KL_ESTIMATORS,
         help="Per-token KL estimate of --use_kl_loss (default k3: unbiased and never negative).")
+    add("--positive_nll_coef", type=float, default=0.0,
+        help="Weight of the negative log-likelihood of the sampled answers scored at least "
+             "--positive_score_threshold, added to the policy loss (VAPO's positive-example LM loss; 0: none).")
+    add("--positive_score_threshold", type=float, default=1.0,
+        help="The end score (before normalisation and penalties) from which an answer counts as positive for "
+             "--positive_nll_coef (1.0: a right answer for the built-in checker or a 0/1 verifier).")
     add("--filter_zero_variance", action="store_true",
         help="Drop from the loss the groups whose answers all got the same score (DAPO's dynamic sampling); "
              "their count is logged as zero_variance_groups.")
@@ -262,11 +268,11 @@ def check_rl_args(args):
         raise ConfigError("--filter_zero_variance needs --num_samples_per_prompt of at least 2 (groups to compare)")
     if args.critic_warmup_steps and not uses_critic(args):
         raise ConfigError(f"--critic_warmup_steps: --advantage_estimator {estimator} has no critic to warm up")
-    for name in ("cliprange_low", "cliprange_high", "kl_loss_coef", "overlong_penalty"):
+    for name in ("cliprange_low", "cliprange_high", "kl_loss_coef", "overlong_penalty", "positive_nll_coef"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"--{name} must be a finite number >= 0, not {value}")
-    for name in ("reward_fn_weight", "reward_model_weight"):
+    for name in ("reward_fn_weight", "reward_model_weight", "positive_score_threshold"):
         if not math.isfinite(getattr(args, name)):
             raise ConfigError(f"--{name} must be a finite number, not {getattr(args, name)}")
     longest = float("inf") if args.max_answer_seq_len == AUTO else args.max_answer_seq_len

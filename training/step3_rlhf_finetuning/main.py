@@ -4,7 +4,8 @@ Each step samples answers to a batch of prompts (--num_samples_per_prompt each; 
 one round of experience), scores them with the reward model and/or a reward function (--reward_fn, e.g. the
 built-in task's checker), subtracts a KL penalty against the frozen reference (or keeps the KL for the loss,
 --use_kl_loss), computes advantages (--advantage_estimator: GAE with the critic, or critic-free GRPO, RLOO or
-REINFORCE++), then runs --ppo_epochs passes of clipped-PPO updates over minibatches of the experience (plus, with
+REINFORCE++), then runs --ppo_epochs passes of clipped-PPO updates over minibatches of the experience (with
+--positive_nll_coef, the policy loss plus the NLL of the answers that scored well; with
 --unsupervised_dataset_name, a language-modelling step on plain text per minibatch, scaled by --unsup_coef).
 With --eval_interval N the actor is scored on held-out prompts every N steps. Saves `actor/`, `critic/` (GAE
 only) and, with --enable_ema, `actor_ema/` in --output_dir.

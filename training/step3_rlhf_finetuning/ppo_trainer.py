@@ -26,7 +26,7 @@ from utils.rl.advantages import (gae_advantages_and_returns, grpo_advantages, re
 from utils.rl.experience import Experience, answer_action_mask
 from utils.rl.frozen import moving_average
 from utils.rl.kl import make_kl_controller
-from utils.rl.losses import kl_loss, policy_loss, value_loss
+from utils.rl.losses import kl_loss, policy_loss, positive_nll, value_loss
 from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
@@ -122,6 +122,7 @@ class PPOTrainer:
             if args.filter_zero_variance:  # DAPO's dynamic sampling: such a group has nothing to teach
                 action_mask = action_mask * (~equal).repeat_interleave(group).unsqueeze(1).to(action_mask.dtype)
             advantages, returns = self.estimate_advantages(rewards, values, action_mask)
+        positive = raw_scores >= args.positive_score_threshold if args.positive_nll_coef else None
         self.actor.train()
         if self.critic is not None:
             self.critic.train()
@@ -131,9 +132,12 @@ class PPOTrainer:
                  "empty_fraction": (answers[:, 0] == self.tokenizer.eos_token_id).float().mean().item()}
         if group > 1:
             stats["zero_variance_groups"] = float(equal.sum().item())
+        if positive is not None:
+            stats["positive_fraction"] = positive.float().mean().item()
         return Experience(
             seq=seq, attention_mask=attention_mask, action_mask=action_mask, prompt_len=prompt_len,
             logprobs=logprobs, ref_logprobs=ref_logprobs, values=values, advantages=advantages, returns=returns,
+            positive=positive,
             stats={**stats, "generate_time": generate_time, "generated_tokens": int(lengths.sum().item())})
 
     def score(self, seq, attention_mask, action_mask, prompt_len, prompt_texts):
@@ -233,6 +237,10 @@ class PPOTrainer:
                                   args.loss_agg_mode)
                 actor_loss = actor_loss + args.kl_loss_coef * kl_term
                 stats["kl_loss"] = kl_term.item()
+            if minibatch.positive is not None:
+                nll = positive_nll(logprobs, action_mask, minibatch.positive, args.loss_agg_mode)
+                actor_loss = actor_loss + args.positive_nll_coef * nll
+                stats["positive_nll"] = nll.item()
             assert_finite(actor_loss, "the actor loss")
             self.actor.backward(actor_loss)
             self.actor.step()
@@ -286,7 +294,6 @@ class PPOTrainer:
         self.actor.step()
         return outputs.loss.item()
 
-
     # ---- evaluation -------------------------------------------------------------------------------------------
 
     def evaluate(self, prompts, checker=None):
@@ -307,6 +314,7 @@ class PPOTrainer:
                                   batch_size=args.per_device_generation_batch_size * args.num_samples_per_prompt)
         self.actor.train()
         return {decoding: results["actor"][decoding] for decoding in DECODINGS}
+
 
 def mean_stats(rows):
     """The mean of each statistic over the rows that have it (a skipped minibatch has no losses)."""

@@ -23,6 +23,7 @@ class Experience:
     advantages: torch.Tensor  # (B, A)
     values: torch.Tensor | None = None  # (B, A) V_old(s_t); None without a critic
     returns: torch.Tensor | None = None  # (B, A) value targets; None without a critic
+    positive: torch.Tensor | None = None  # (B,) bool: scored at least --positive_score_threshold; None unasked
     stats: dict = field(default_factory=dict)  # per-batch scalars for logging
 
     def split(self, minibatch_size: int) -> list[Experience]:

@@ -1,5 +1,5 @@
 """The losses: PPO's clipped policy and value losses (the policy loss with asymmetric clipping and three ways of
-averaging over tokens), the KL to the reference as a loss term, the pairwise (Bradley-Terry) loss of reward
+averaging over tokens), the KL to the reference as a loss term, the NLL of well-scored answers, the pairwise (Bradley-Terry) loss of reward
 models, and the preference losses that train a policy on chosen/rejected pairs directly (DPO, IPO, SimPO).
 
 The preference losses take sequence log-probs: log pi(y|x) summed over the answer's tokens, EOS included
@@ -101,6 +101,15 @@ def kl_loss(
     (or k2): the k1 term logprobs - ref_logprobs has the gradient of log pi alone, zero in expectation.
     """
     return aggregate_loss(kl_penalty(logprobs, ref_logprobs, estimator), action_mask, loss_agg_mode)
+
+
+def positive_nll(logprobs: torch.Tensor, action_mask: torch.Tensor, positive: torch.Tensor,
+                 loss_agg_mode: str = "token_mean") -> torch.Tensor:
+    """VAPO's positive-example language-modelling loss (Yue et al. 2025): the negative log-likelihood of the
+    sampled answers that scored well (`positive`, (B,) bool), over their real tokens, averaged as the policy loss
+    is (`aggregate_loss`). Added to the policy loss, it keeps the likelihood of answers known to be right from
+    falling while the group baselines push the others down. No positive answer: 0 (gradient 0)."""
+    return aggregate_loss(-logprobs, action_mask * positive.unsqueeze(1).to(action_mask.dtype), loss_agg_mode)
 
 
 def value_loss(

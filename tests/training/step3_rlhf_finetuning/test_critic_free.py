@@ -1,8 +1,8 @@
 """Step 3 without a critic, on real DeepSpeed engines in this process (a world of one): GRPO, RLOO and REINFORCE++
 experience on answers scored by the built-in task's checker (made-up answers, so every score and advantage is
 known), no critic and no reward model created when none is asked for, groups of equal scores dropped and a
-minibatch left empty not stepped, the KL as a loss term, the reward model and a reward function combined by weight,
-and the held-out evaluation."""
+minibatch left empty not stepped, the KL and the NLL of well-scored answers as loss terms, the reward model and a
+reward function combined by weight, and the held-out evaluation."""
 import copy
 import gc
 import random
@@ -240,6 +240,33 @@ def test_kl_loss_term_is_added_to_the_actor_loss(engine, tiny_tokenizer):
     assert stats["kl_loss"] == pytest.approx(0.0, abs=1e-10)
     again = trainer.train_rlhf(first)  # one step away from it: > 0 (k3 >= 0)
     assert again["kl_loss"] > 1e-8
+
+
+def test_positive_nll_is_the_nll_of_the_answers_scored_at_the_threshold(engine, tiny_tokenizer):
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, use_kl_loss=True, positive_nll_coef=0.5)
+    fake_answers(trainer, tiny_tokenizer)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    assert exp.positive.tolist() == [score >= 1.0 for score in SCORES]
+    assert exp.stats["positive_fraction"] == pytest.approx(0.75)
+    first = exp.split(GROUP)[0]  # " 19", " 18", " 5", " 19": the two right sums are positive
+    with torch.no_grad():
+        logprobs = trainer.answer_logprobs(engine.actor, first.seq, first.attention_mask, first.prompt_len)
+    positive_mask = first.action_mask * first.positive.unsqueeze(1)
+    expected_nll = (-logprobs * positive_mask).sum() / positive_mask.sum()
+    stats = trainer.train_rlhf(first)  # ratio 1: the policy loss is -mean(advantages) over real tokens
+    assert stats["positive_nll"] == pytest.approx(expected_nll.item(), rel=1e-5)
+    policy = -(first.advantages * first.action_mask).sum() / first.action_mask.sum()
+    assert stats["actor_loss"] == pytest.approx(policy.item() + 0.5 * expected_nll.item(), abs=1e-5)
+    lower = make_trainer(engine, use_kl_loss=True, positive_nll_coef=0.5, positive_score_threshold=0.5)
+    fake_answers(lower, tiny_tokenizer)
+    assert lower.generate_experience(prompts, prompt_mask, texts).positive.tolist() == [
+        score >= 0.5 for score in SCORES]
+    plain = make_trainer(engine, use_kl_loss=True)  # without the flag: no positives and no such term
+    fake_answers(plain, tiny_tokenizer)
+    exp = plain.generate_experience(prompts, prompt_mask, texts)
+    assert exp.positive is None and "positive_fraction" not in exp.stats
+    assert "positive_nll" not in plain.train_rlhf(exp.split(GROUP)[0])
 
 
 def test_evaluate_scores_held_out_prompts_and_leaves_random_state_and_mode(engine):

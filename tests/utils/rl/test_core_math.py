@@ -14,7 +14,7 @@ import torch
 from utils.rl.advantages import (gae_advantages_and_returns, grpo_advantages, reinforce_pp_advantages,
                                  returns_to_go, rloo_advantages, sequence_advantages)
 from utils.rl.kl import AdaptiveKLController, FixedKLController, kl_penalty, make_kl_controller
-from utils.rl.losses import aggregate_loss, kl_loss, policy_loss, value_loss
+from utils.rl.losses import aggregate_loss, kl_loss, policy_loss, positive_nll, value_loss
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import (entropy_from_logits, last_token_index, logprobs_from_logits, masked_mean, masked_sum,
                              masked_var, masked_whiten)
@@ -708,6 +708,23 @@ def test_kl_loss_hand_values_and_gradient():
     at_ref = ref.clone().requires_grad_()
     (grad,) = torch.autograd.grad(kl_loss(at_ref, ref, mask), at_ref)
     close(grad, torch.zeros(1, 4))
+
+
+def test_positive_nll_hand_values_and_gradient():
+    # Rows 0 and 2 positive; row 1 (negative) and the masked tokens count for nothing:
+    #   token_mean            (1 + 2 + 4) / 3 = 7/3
+    #   seq_mean_token_mean   (1.5 + 4) / 2 = 2.75
+    logprobs = torch.tensor([[-1.0, -2.0, -9.0], [-5.0, -5.0, -5.0], [-4.0, -9.0, -9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    positive = torch.tensor([True, False, True])
+    loss = positive_nll(logprobs, mask, positive)
+    close(loss, 7 / 3)
+    close(positive_nll(logprobs, mask, positive, "seq_mean_token_mean"), 2.75)
+    (grad,) = torch.autograd.grad(loss, logprobs)  # d(-mean logprob) = -1/3 on each positive real token
+    close(grad, [[-1 / 3, -1 / 3, 0.0], [0.0, 0.0, 0.0], [-1 / 3, 0.0, 0.0]])
+    nothing = positive_nll(logprobs, mask, torch.zeros(3, dtype=torch.bool))
+    (grad,) = torch.autograd.grad(nothing, logprobs)
+    assert nothing.item() == 0.0 and not grad.any()
 
 
 def test_overlong_fraction_hand_values():
