@@ -38,16 +38,18 @@ RECIPES = {
             "--print_interval", "10"],
         # Critic-free RL (flags after step 3's): 16 prompts x 8 answers = 128 rollouts a step in minibatches of 64 (4
         # optimizer steps a round, as with 64 rollouts in 32s), the KL as a loss term, 2 epochs, the learning rate
-        # decaying to 0 on a cosine, and the actor's moving average (--enable_ema), which train.py evaluates.
+        # decaying to 0 on a cosine, the actor's moving average (--enable_ema), which train.py evaluates, and the
+        # NLL of the right answers sampled (--positive_nll_coef 1, VAPO's positive-example LM loss).
         # Held-out sampled gain of the moving average from the step-1 actor on a Zen 4 CPU in bf16 (README, "Beyond
-        # PPO"): +0.154 / +0.152 / +0.148 / +0.160 / +0.150 / +0.157 (seeds 1234, 2, 3, 4, 5, 6), greedy sums 0.975 /
-        # 0.955 / 0.955 / 0.955 / 0.970 / 0.955 from 0.950; at a constant rate +0.158 / +0.158 / +0.163 / +0.160 but
-        # greedy sums 0.938 / 0.930 / 0.960 / 0.950: the last weights swing on held-out sums (0.815-0.955 greedy)
-        # while the rate stays up.
+        # PPO"): SEEDS_PLACEHOLDER
+        # Without the NLL: +0.154 / +0.152 / +0.148 / +0.160 / +0.150 / +0.157, every greedy skill kept in two seeds
+        # of six (the others lose one upper-casing prompt); at --positive_nll_coef 0.1 (VAPO's weight), seed 1234:
+        # +0.161, upper-casing still falls. At a constant rate (no NLL) the last weights swing on held-out sums
+        # (0.815-0.955 greedy) while the rate stays up.
         "grpo": ["--per_device_generation_batch_size", "16", "--per_device_training_batch_size", "64",
                  "--num_samples_per_prompt", "8", "--ppo_epochs", "2", "--use_kl_loss", "--kl_loss_coef", "0.2",
                  "--actor_learning_rate", "6e-5", "--lr_scheduler_type", "cosine", "--enable_ema",
-                 "--max_steps", "540", "--eval_interval", "90"],
+                 "--positive_nll_coef", "1.0", "--max_steps", "540", "--eval_interval", "90"],
         # DPO from the step-1 actor on step 2's pairs: IPO at beta 0.1 for 300 steps gave the best held-out sampled
         # score of the DPO runs (0.839 against 0.823 for sigmoid at beta 1.0, 200 steps; greedy 0.948 both).
         "dpo": ["--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "64", "--max_seq_len", "64",
