@@ -148,7 +148,8 @@ def test_step3_killed_and_resumed_equals_an_uninterrupted_run(step3_model_dirs, 
 # are part of the metrics.
 CRITIC_FREE_FLAGS = [*STEP3_FLAGS, "--per_device_generation_batch_size", "2", "--advantage_estimator", "grpo",
                      "--num_samples_per_prompt", "2", "--use_kl_loss", "--kl_loss_coef", "0.1", "--positive_nll_coef",
-                     "0.5", "--cliprange_high", "0.28", "--filter_zero_variance", "--eval_interval", "4", "--eval_prompts", "4", "--max_steps", "12"]
+                     "0.5", "--cliprange_high", "0.28", "--filter_zero_variance", "--eval_interval", "4",
+                     "--eval_prompts", "4", "--max_steps", "12"]
 LENGTH_REWARD = "def score(prompts, answers):\n    return [len(answer) % 3 for answer in answers]\n"
 
 

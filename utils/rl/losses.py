@@ -1,6 +1,7 @@
 """The losses: PPO's clipped policy and value losses (the policy loss with asymmetric clipping and three ways of
-averaging over tokens), the KL to the reference as a loss term, the NLL of well-scored answers, the pairwise (Bradley-Terry) loss of reward
-models, and the preference losses that train a policy on chosen/rejected pairs directly (DPO, IPO, SimPO).
+averaging over tokens), the KL to the reference as a loss term, the NLL of well-scored answers, the pairwise
+(Bradley-Terry) loss of reward models, and the preference losses that train a policy on chosen/rejected pairs
+directly (DPO, IPO, SimPO).
 
 The preference losses take sequence log-probs: log pi(y|x) summed over the answer's tokens, EOS included
 (`utils.rl.tokens.sequence_logprobs`); index i of every argument is pair i. Each returns the loss (mean over
