@@ -32,7 +32,7 @@ from typing import Callable
 
 from training.recipes import recipe_flags
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
-                                 interrupts_deferred)
+                                  interrupts_deferred)
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
@@ -262,7 +262,8 @@ def has_reference_answers(data_paths):
     tasks that any valid solution answers, such as graph_color). Hub data sets, whose reading needs the network,
     and the built-in task have them. A path that is neither a known name nor an existing file or folder is refused
     here, before any step starts."""
-    from utils.data.raw_datasets import HUB_DATASETS, get_raw_dataset
+    from utils.data.data_utils import get_raw_dataset
+    from utils.data.raw_datasets import HUB_DATASETS
     from utils.runtime.errors import DataError
 
     def read(path):
@@ -562,7 +563,7 @@ def main(argv=None):
 
 def write_report(args, dirs, wall_times, evaluation_path):
     """Print the run's table and keep it as <output-dir>/report.md."""
-    from utils.runtime.report import pipeline_report
+    from utils.trainer.report import pipeline_report
 
     evaluation = None
     if evaluation_path is not None and evaluation_path.is_file():

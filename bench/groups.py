@@ -8,7 +8,9 @@ random; the model is trained as step 3 trains it (train mode, gradients of every
 """
 import torch
 
+from bench.measure import paired_rates, timed
 from bench.models import model_path
+from utils.model.model_utils import answer_logits, last_logits_kwargs, model_forward_kwargs
 
 CASE = {"prompts": 2, "group": 8, "prompt_len": 57, "answer_len": 8}
 
@@ -18,8 +20,6 @@ def measure_groups(model_name, repeats, warmup, case=CASE):
     pair, and the largest difference of the two's logits (they must agree to float rounding)."""
     from transformers import AutoModelForCausalLM
 
-    from bench.measure import paired_rates, timed
-    from utils.model.model_utils import answer_logits, last_logits_kwargs, model_forward_kwargs
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_path(model_name), dtype=torch.float32).train()

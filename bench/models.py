@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 
 from utils.model.model_utils import load_tokenizer, resolve_model_path
+from utils.model.reward_model import RewardModel
+from utils.model.save import save_hf_model
 from utils.runtime.paths import build_once, cache_dir
 
 # Llama's proportions (SwiGLU width 8h/3), so the Megatron FLOP formula the MFU uses (12 h^2 weights per layer)
@@ -50,9 +52,6 @@ def reward_model_path(actor_path):
 
 
 def _build_reward_model(actor_path, out_dir):
-    from utils.model.reward_model import RewardModel
-    from utils.model.save import save_hf_model
-
     tokenizer = load_tokenizer(actor_path)
     torch.manual_seed(1)
     save_hf_model(RewardModel.from_pretrained(actor_path, tokenizer), tokenizer, out_dir, 0)

@@ -12,8 +12,12 @@ import math
 import numpy as np
 import torch
 
+from bench.measure import paired_rates
 from bench.models import model_path
 from bench.step1 import batch_runner, build_engine, engine_train_step, step1_args
+from utils.data.data_utils import DataCollatorSFT
+from utils.data.packing import DataCollatorPackedSFT, check_keeps_samples_apart
+from utils.model.model_utils import load_tokenizer
 
 CASE = {"model": "tiny", "dtype": "auto", "batch_size": 16, "max_seq_len": 512, "num_batches": 6,
         "steps_per_run": 2}
@@ -39,11 +43,6 @@ def dialogue_samples(count, vocab_size, max_seq_len, seed=SEED):
 def measure_packing(repeats, warmup, case=CASE):
     """Tokens/s of step 1 packed (`ours`) and padded (`baseline`), their ratio pair by pair, both runs' first and
     last losses and the largest difference of their per-step losses, and the positions each computes per batch."""
-    from bench.measure import paired_rates
-    from utils.data.data_utils import DataCollatorSFT
-    from utils.data.packing import DataCollatorPackedSFT, check_keeps_samples_apart
-    from utils.model.model_utils import load_tokenizer
-
     path = model_path(case["model"])
     tokenizer = load_tokenizer(path)
     args = step1_args(path, case["dtype"], case["batch_size"], case["max_seq_len"])

@@ -244,7 +244,7 @@ def spread(summary, scale=1.0, digits=1):
 
 
 def format_report(results):
-    """The Markdown tables of the README's performance section."""
+    """The Markdown tables the bench prints (docs/performance.md quotes them)."""
     load = results["machine"]
     lines = [f"{load.get('cpu_model', '')}, {load['cpus']} CPUs, {load['threads']} thread(s) per process; load "
              f"average (1/5/15 min) {_load(load['load_average_start'])} at the start, "

@@ -14,20 +14,23 @@ import time
 
 import torch
 
+from bench.measure import paired_rates
+from bench.models import MODELS, model_path
+from inference.evaluation import heldout_set
+from inference.generation import load_causal_lm, tokenize_prompts
+from inference.sampling import sample
+from utils.data.data_utils import attention_mask_left, pad_left
+from utils.data.prompting import model_prompt
+from utils.model.smollm2 import gguf_path
+from utils.runtime.errors import ConfigError
+from utils.trainer.ppo_trainer import answer_action_mask
+
 SHAPES = {"rows": (64, 1), "groups": (4, 8)}
 """shape name -> (distinct prompts, answers per prompt) of one rollout batch."""
 
 
 def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, batches=3):
     """Answer tokens/s of `sample` (ours) and `generate` (baseline) over `batches` prompt batches, pair by pair."""
-    from bench.measure import paired_rates
-    from inference.evaluation import heldout_set
-    from inference.generation import load_causal_lm, tokenize_prompts
-    from inference.sampling import sample
-    from training.step3_rlhf_finetuning.ppo_trainer import answer_action_mask
-    from utils.data.data_utils import attention_mask_left, pad_left
-    from utils.data.prompting import model_prompt
-
     model, tokenizer = load_causal_lm(_model_path(model_name), dtype)
     prompts_per_batch, group = SHAPES[shape]
     texts = [model_prompt(tokenizer, prompt) for prompt in heldout_set("builtin")[0]]
@@ -67,9 +70,6 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
 
 def sampler_models(names):
     """The bench models named, and smollm2-135m when its package is installed."""
-    from utils.model.smollm2 import gguf_path
-    from utils.runtime.errors import ConfigError
-
     try:
         gguf_path()
     except ConfigError:
@@ -78,7 +78,5 @@ def sampler_models(names):
 
 
 def _model_path(name):
-    from bench.models import MODELS, model_path
-
     return model_path(name) if name in MODELS else name
 

@@ -10,10 +10,16 @@ import time
 
 import torch
 
+from bench.measure import matmul_flops, paired_rates
 from bench.models import model_path
+from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset, make_dataloader
+from utils.data.packing import batch_counts
+from utils.model.model_utils import count_parameters, create_hf_model, load_tokenizer
+from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import assert_finite
 from utils.runtime.ds_utils import GRADIENT_CLIPPING, get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
-from utils.runtime.monitor import training_flops
+from utils.trainer.engine import eager, train_ds_config_from_args, train_engine_from_args
+from utils.trainer.monitor import training_flops
 
 # The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model (the MFU target) on full
 # 256-token blocks of the built-in plain-text corpus. Both in the dtype `--dtype auto` picks on this machine (bf16
@@ -25,11 +31,11 @@ ADAM_BETAS = (0.9, 0.95)  # utils.runtime.ds_utils.create_optimizer's default
 
 def step1_args(path, dtype, batch_size, seq_len, zero_stage=0, compiled=False):
     """Step 1's parsed flags for this model and batch (every other flag at step 1's default)."""
-    from training.step1_supervised_finetuning.main import parse_args
-
-    args = parse_args(["--model_name_or_path", path, "--output_dir", "unused", "--dtype", dtype,
-                       "--per_device_train_batch_size", str(batch_size), "--max_seq_len", str(seq_len),
-                       "--zero_stage", str(zero_stage), *(["--compile"] if compiled else [])])
+    parser = ArgumentParser()
+    add_step_args(parser, packing=True)  # step 1's flags, as its main.py declares them
+    args = parse_step_args(parser, ["--model_name_or_path", path, "--output_dir", "unused", "--dtype", dtype,
+                                    "--per_device_train_batch_size", str(batch_size), "--max_seq_len", str(seq_len),
+                                    "--zero_stage", str(zero_stage), *(["--compile"] if compiled else [])])
     args.dtype = resolve_dtype(args.dtype)
     return args
 
@@ -38,9 +44,6 @@ def step1_batches(model_name, tokenizer, args, count):
     """`count` collated batches in step 1's order: for the tiny model, step 1's own SFT data; for the larger one,
     full `max_seq_len`-token blocks of the built-in corpus (real text, no padding, as a throughput test wants),
     through the same collator."""
-    from utils.data.data_utils import (DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset,
-                                       make_dataloader)
-
     if model_name == "tiny":
         dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 1, args.seed,
                                            tokenizer, args.max_seq_len)
@@ -55,8 +58,6 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
     """The training engine exactly as step 1's main builds it from `args`."""
     from transformers import AutoModelForCausalLM
 
-    from utils.model.model_utils import create_hf_model
-    from utils.runtime.engine import train_ds_config_from_args, train_engine_from_args
 
     ds_config = train_ds_config_from_args(args, world_size)
     model = create_hf_model(AutoModelForCausalLM, args.model_name_or_path, tokenizer, ds_config, args.dropout,
@@ -65,7 +66,7 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
 
 
 def engine_train_step(engine, batch):
-    """One micro-step of step 1's loop (utils.runtime.loop.train_loop): forward, finiteness check, backward, step;
+    """One micro-step of step 1's loop (utils.trainer.loop.train_loop): forward, finiteness check, backward, step;
     the loss."""
     loss = engine(**batch, use_cache=False).loss
     assert_finite(loss, "the training loss")
@@ -82,7 +83,6 @@ class BareTrainer:
     def __init__(self, args, tokenizer, total_steps=10 ** 6):
         from transformers import AutoModelForCausalLM, get_scheduler
 
-        from utils.model.model_utils import create_hf_model
 
         self.model = create_hf_model(AutoModelForCausalLM, args.model_name_or_path, tokenizer, None, args.dropout)
         self.model.to(torch_dtype(args.dtype)).train()
@@ -117,8 +117,6 @@ def batch_runner(train_step, batches, config, steps):
     """`() -> (units, seconds)` running `steps` training steps on the next batches (cycling): units are the real
     tokens (of a padded or a packed batch: `batch_counts`) and the FLOPs (DeepSpeed-Chat's formula on the padded
     batch) of those steps."""
-    from utils.data.packing import batch_counts
-
     stream = itertools.cycle(batches)
 
     def run():
@@ -138,8 +136,6 @@ def batch_runner(train_step, batches, config, steps):
 def with_peak_probe(run, dtype, peaks):
     """`run`, preceded each time by a measure of the matmul peak (appended to `peaks`), so each run's MFU divides
     by the peak of the same moment: a slow spell of the shared machine slows both."""
-    from bench.measure import matmul_flops
-
     def probed_run():
         peaks.append(matmul_flops(torch_dtype(dtype)))
         return run()
@@ -150,8 +146,6 @@ def with_peak_probe(run, dtype, peaks):
 def measure_step1(model_name, repeats, warmup, num_batches=8):
     """Tokens/s and FLOP/s of ours and of the bare loop (pairs), their ratio, and the MFU of each run: its FLOP/s
     over the FLOP/s of a large matmul in the same dtype measured just before it."""
-    from utils.model.model_utils import count_parameters, load_tokenizer
-
     case = CASES[model_name]
     path = model_path(model_name)
     tokenizer = load_tokenizer(path)
@@ -172,8 +166,6 @@ def measure_step1(model_name, repeats, warmup, num_batches=8):
 def paired_mfu(ours, baseline, dtype, repeats, warmup, desc):
     """`paired_rates` of two batch runners, each run preceded by a matmul peak in `dtype`, and the MFU of each run:
     its FLOP/s over that peak (lists `mfu` and `peak_flops` on each side)."""
-    from bench.measure import paired_rates
-
     peaks = {"ours": [], "baseline": []}
     rates = paired_rates(with_peak_probe(ours, dtype, peaks["ours"]),
                          with_peak_probe(baseline, dtype, peaks["baseline"]), repeats, warmup, desc=desc)
@@ -187,12 +179,9 @@ def paired_mfu(ours, baseline, dtype, repeats, warmup, desc):
 def measure_compile(model_name, repeats, warmup, num_batches=8):
     """Step 1 with --compile (`ours`) against without (`baseline`): tokens/s, FLOP/s and MFU as `measure_step1`
     measures them. One engine, built as step 1 builds it with --compile, steps compiled and eager
-    (`utils.runtime.engine.eager`) in alternation, so both sides train the same weights on the same batches.
+    (`utils.trainer.engine.eager`) in alternation, so both sides train the same weights on the same batches.
     Before the timed runs the compiled engine takes one step on a batch of each shape: the compile (and a
     recompile for a new shape), whose seconds (with those steps') are `compile_seconds`."""
-    from utils.model.model_utils import count_parameters, load_tokenizer
-    from utils.runtime.engine import eager
-
     case = CASES[model_name]
     path = model_path(model_name)
     tokenizer = load_tokenizer(path)

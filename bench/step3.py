@@ -6,16 +6,21 @@ import time
 
 import torch
 
+from bench.measure import paired_rates
 from bench.models import model_path, reward_model_path
+from inference.generation import load_causal_lm
 from training.recipes import recipe_flags
+from training.step3_rlhf_finetuning.arguments import parse_args
+from utils.data.data_utils import DataCollatorRLHF, create_prompt_dataset, make_dataloader
+from utils.model.model_utils import load_tokenizer
+from utils.runtime.ds_utils import resolve_dtype
 from utils.runtime.progress import progress
+from utils.trainer.ppo_trainer import PPOTrainer, answer_action_mask
+from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
 
 
 def step3_args(actor_path, critic_path, dtype="auto"):
     """Step 3's parsed flags as `train.py` passes them for the tiny model (training/recipes.py)."""
-    from training.step3_rlhf_finetuning.arguments import parse_args
-    from utils.runtime.ds_utils import resolve_dtype
-
     args = parse_args(["--actor_model_name_or_path", actor_path, "--critic_model_name_or_path", critic_path,
                        "--output_dir", "unused", "--dtype", dtype, *recipe_flags("tiny", 3)])
     args.dtype = resolve_dtype(args.dtype)
@@ -25,10 +30,6 @@ def step3_args(actor_path, critic_path, dtype="auto"):
 def build_trainer(model_name="tiny", dtype="auto"):
     """(trainer, args, tokenizer): the RLHF engine and PPO trainer as step 3's main builds them, the actor from
     the bench model and the critic and reward model from a reward-model folder on its backbone."""
-    from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
-    from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
-    from utils.model.model_utils import load_tokenizer
-
     actor_path = model_path(model_name)
     critic_path = reward_model_path(actor_path)
     tokenizer = load_tokenizer(actor_path)
@@ -39,8 +40,6 @@ def build_trainer(model_name="tiny", dtype="auto"):
 
 def prompt_batches(args, tokenizer, count):
     """`count` prompt batches of step 3's data, as its loader yields them."""
-    from utils.data.data_utils import DataCollatorRLHF, create_prompt_dataset, make_dataloader
-
     dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3, args.seed,
                                        tokenizer, args.max_prompt_seq_len)
     loader = make_dataloader(dataset, DataCollatorRLHF(tokenizer.pad_token_id), args.per_device_generation_batch_size,
@@ -62,8 +61,6 @@ def rollout_runner(generate, batches, seed, eos_token_id, outputs):
     """`() -> (units, seconds)` generating for every prompt batch in turn, each from a fixed seed, so ours and the
     baseline sample the same answers; units are the generated tokens (up to and including the first EOS, as step
     3 counts them). The sequences are appended to `outputs`."""
-    from training.step3_rlhf_finetuning.ppo_trainer import answer_action_mask
-
     def run():
         tokens = seconds = 0.0
         for index, batch in enumerate(batches):
@@ -82,9 +79,6 @@ def rollout_runner(generate, batches, seed, eos_token_id, outputs):
 def measure_rollout(trainer, args, tokenizer, batches, repeats, warmup):
     """Generated tokens/s of `PPOTrainer.generate_sequence` against plain `generate` on a separately loaded copy
     of the same model, in pairs; and whether the two sampled the very same tokens."""
-    from bench.measure import paired_rates
-    from inference.generation import load_causal_lm
-
     baseline_model, _ = load_causal_lm(args.actor_model_name_or_path, args.dtype)
     trainer.actor.eval()
     ours_out, base_out = [], []

@@ -53,7 +53,8 @@ def run_step3(steps):
 
 def main(argv=None):
     from bench.measure import peak_rss_mb
-    from utils.runtime.dist import init_distributed, is_rank_0, quiet_transformers
+    from utils.runtime.dist import init_distributed, quiet_transformers
+    from utils.runtime.progress import is_rank_0
 
     args = parse_args(argv)
     _, world_size, _, _ = init_distributed()

@@ -12,7 +12,13 @@ import sys
 
 import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
 # isort: split
+from inference.generation import generate, load_causal_lm, max_prompt_tokens, tokenize_prompts
+from utils.data.prompting import format_turns
+from utils.model.model_utils import resolve_model_path
+from utils.model.save import trained_answer_length
 from utils.runtime.args import ArgumentParser
+from utils.runtime.dist import quiet_transformers
+from utils.runtime.ds_utils import choose_dtype
 from utils.runtime.errors import ChatRLHFError, cli_entry
 
 CLEAR, QUIT = "clear", "quit"
@@ -49,9 +55,6 @@ class ChatBot:
 
     def build_prompt(self, user):
         """The prompt for `user`'s turn after the history: as many recent turns as fit the context."""
-        from inference.generation import max_prompt_tokens, tokenize_prompts
-        from utils.data.prompting import format_turns
-
         limit = max_prompt_tokens(self.model, self.decoding["max_new_tokens"])
         history = self.conversation.turns
         for first in range(len(history) + 1):
@@ -62,8 +65,6 @@ class ChatBot:
 
     def reply(self, user):
         """The answer to `user` (recorded in the history)."""
-        from inference.generation import generate
-
         if not user.strip():
             raise ChatRLHFError("the prompt is empty")
         self.last_prompt = self.build_prompt(user)
@@ -116,19 +117,14 @@ def main(argv=None):
     if args.prompt is None and sys.stdin is None:
         raise ChatRLHFError("no --prompt and standard input is closed: pass --prompt TEXT, or the turns on "
                             "standard input")
-    from utils.model.model_utils import resolve_model_path
 
     path = resolve_model_path(args.path)  # a mistyped path fails at once, before torch is imported
-    from inference.generation import load_causal_lm
-    from utils.runtime.ds_utils import choose_dtype
-    from utils.runtime.dist import quiet_transformers
 
     args.dtype, why = choose_dtype(args.dtype)
     print(f"dtype: {args.dtype} ({why})", file=sys.stderr, flush=True)
     quiet_transformers()
     model, tokenizer = load_causal_lm(path, args.dtype, args.trust_remote_code)
     if args.max_new_tokens is None:
-        from utils.model.save import trained_answer_length
 
         args.max_new_tokens = trained_answer_length(path) or DEFAULT_MAX_NEW_TOKENS
     bot = ChatBot(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.greedy, args.seed)

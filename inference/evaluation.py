@@ -7,8 +7,12 @@ quick start; `format_side_by_side` and `format_score_table` print what it return
 import json
 from pathlib import Path
 
-from utils.builtin import task
+from inference.generation import generate, load_causal_lm
+from utils.data import builtin_task as task
+from utils.data.data_utils import get_raw_dataset
 from utils.data.prompting import model_prompt
+from utils.data.raw_datasets import builtin_data_dir
+from utils.data.reasoning_gym_data import gym_data
 from utils.runtime.errors import DataError
 
 DECODINGS = ("sampled", "greedy")
@@ -16,8 +20,6 @@ DECODINGS = ("sampled", "greedy")
 
 def builtin_prompts():
     """The built-in task's held-out prompts (skills in turn, so any first N are balanced)."""
-    from utils.data.raw_datasets import builtin_data_dir
-
     return [record["prompt"] for record in task.heldout_prompts(builtin_data_dir())]
 
 
@@ -41,13 +43,11 @@ def heldout_set(data_paths, seed=1234):
         if data_path == "builtin":
             prompts += builtin_prompts()
         elif data_path.startswith("reasoning_gym:"):
-            from utils.data.reasoning_gym_data import gym_data
 
             data = gym_data(data_path)
             prompts += [item.prompt for item in data.parts["heldout"]]
             checkers.append(data.verifier.summarize)
         else:
-            from utils.data.raw_datasets import get_raw_dataset
 
             raw = get_raw_dataset(data_path, seed)
             rows = raw.get_eval_data()
@@ -122,8 +122,6 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]}}},
     where scores is the checker's summary (or {} without a checker), plus "reward" when reward_fn is given.
     """
-    from inference.generation import generate, load_causal_lm
-
     decodings = ("greedy",) if greedy_only else DECODINGS
     rounds = {decoding: samples_per_prompt if decoding == "sampled" else 1 for decoding in decodings}
     if checker is None and are_task_prompts(prompts):

@@ -10,9 +10,10 @@ the same distributions, faster) where the model's forward takes a cache object, 
 import torch
 
 from inference.sampling import sample, supports_native_sampling
-from utils.data.data_utils import attention_mask_left, pad_left
+from utils.data.data_utils import attention_mask_left, pad_left, tokenize_prompt
 from utils.data.prompting import encode_prompt_text
 from utils.model.model_utils import check_model_kind, load_pretrained, load_tokenizer, resolve_model_path
+from utils.model.save import read_training_settings, trained_answer_length
 from utils.runtime.ds_utils import TORCH_DTYPES
 from utils.runtime.errors import ChatRLHFError, ConfigError
 from utils.runtime.progress import progress
@@ -48,9 +49,6 @@ def trained_max_new_tokens(model_path, prompts, trust_remote_code=False):
     """The answer length the model in `model_path` was trained to write (`utils.model.save.trained_answer_length`,
     less the longest of these prompts in its tokens where the run bounded prompt + answer), or
     DEFAULT_MAX_NEW_TOKENS for a folder without saved settings."""
-    from utils.data.data_utils import tokenize_prompt
-    from utils.model.save import read_training_settings, trained_answer_length
-
     if not read_training_settings(model_path):
         return DEFAULT_MAX_NEW_TOKENS
     tokenizer = load_tokenizer(model_path, trust_remote_code)

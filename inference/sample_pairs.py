@@ -17,9 +17,15 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import time
 
+from inference.generation import generate, load_causal_lm, trained_max_new_tokens
+from utils.data.prompting import model_prompt
 from utils.data.sampled_pairs import (PAIRS_DATA_SPLIT, SPLITS, PairCounts, is_complete, judged_pairs, part_prompts,
-                                      sampled_answers, write_pairs)
+                                      write_pairs)
+from utils.model.model_utils import check_model_kind, resolve_model_path
+from utils.rl.reward_fns import call_reward_fn, load_reward_fn
 from utils.runtime.args import ArgumentParser, check_flag_ranges
+from utils.runtime.dist import quiet_transformers
+from utils.runtime.ds_utils import choose_dtype
 from utils.runtime.errors import ConfigError, DataError, cli_entry
 
 
@@ -84,14 +90,18 @@ def settings_of(args, model_path, max_new_tokens):
             **{key: getattr(args, key) for key in keys}}
 
 
+def sampled_answers(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature=1.0, top_p=1.0,
+                    batch_size=32, seed=1234, desc=None):
+    """K = samples_per_prompt sampled answers to each data-set prompt, in K rounds over the prompts: answer k * n + i
+    answers prompts[i]. Prompts are put in the model's format (its chat template, if any) as training does."""
+    model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
+    return generate(model, tokenizer, model_prompts * samples_per_prompt, max_new_tokens=max_new_tokens,
+                    temperature=temperature, top_p=top_p, batch_size=batch_size, seed=seed, desc=desc)
+
+
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
-    from inference.generation import load_causal_lm, trained_max_new_tokens
-    from utils.model.model_utils import check_model_kind, resolve_model_path
-    from utils.rl.reward_fns import call_reward_fn, load_reward_fn
-    from utils.runtime.dist import quiet_transformers
-    from utils.runtime.ds_utils import choose_dtype
 
     model_path = resolve_model_path(args.model_name_or_path)
     check_model_kind(model_path, reward=False, name=f"--model_name_or_path {args.model_name_or_path}")

@@ -4,6 +4,7 @@ built in process, or printed by `train.py --dry-run` (no launcher runs);
 tests/training/step1_supervised_finetuning/test_step1.py runs the real thing."""
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -254,6 +255,10 @@ def test_run_scripts_use_the_interpreter_train_py_runs(tmp_path):
     own, wrong = tmp_path / "own", tmp_path / "wrong"
     own.mkdir(), wrong.mkdir()
     (own / "chatrlhf-python").symlink_to(sys.executable)
+    if sys.prefix != sys.base_prefix:  # a venv: its interpreter finds its packages through pyvenv.cfg beside or
+        # above the path it was started by, so the link's folder gets the venv's pyvenv.cfg and lib/
+        shutil.copy(Path(sys.prefix) / "pyvenv.cfg", tmp_path / "pyvenv.cfg")
+        (tmp_path / "lib").symlink_to(Path(sys.prefix) / "lib")
     for name in ("python", "python3"):
         (wrong / name).write_text("#!/bin/sh\necho wrong python >&2\nexit 3\n")
         (wrong / name).chmod(0o755)

@@ -9,7 +9,7 @@ import pytest
 from inference import chatbot
 from inference.chatbot import ChatBot
 from inference.generation import generate, max_prompt_tokens, tokenize_prompts
-from utils.builtin import task
+from utils.data import builtin_task as task
 from utils.data.prompting import format_turns
 
 REPO = Path(__file__).resolve().parents[2]

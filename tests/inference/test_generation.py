@@ -7,7 +7,7 @@ import torch
 
 from inference.generation import generate, load_causal_lm, max_prompt_tokens, tokenize_prompts
 from inference.sampling import sample
-from utils.builtin import task
+from utils.data import builtin_task as task
 from utils.data.prompting import format_turns
 from utils.model.model_utils import REWARD_MODEL_KEY, load_tokenizer, resolve_model_path
 from utils.runtime.errors import ChatRLHFError, ConfigError

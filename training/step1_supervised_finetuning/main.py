@@ -2,9 +2,9 @@
 
 The loss counts answer tokens only (prompt and padding are labelled -100). Perplexity on the eval split is
 measured before training and after every epoch. The result is a Hugging Face folder in --output_dir.
-With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/runtime/checkpoint.py), and
+With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/trainer/checkpoint.py), and
 --resume continues from the latest one exactly as the uninterrupted run would have gone on. The loop is the one
-steps 2 and DPO share (utils/runtime/loop.py).
+steps 2 and DPO share (utils/trainer/loop.py).
 """
 import sys
 from pathlib import Path
@@ -21,10 +21,10 @@ from utils.data.packing import DataCollatorPackedSFT, check_keeps_samples_apart
 from utils.model.model_utils import create_hf_model, resolve_model_path
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import to_device
-from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import cli_entry
-from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 from utils.runtime.progress import eval_batches
+from utils.trainer.engine import start_run, train_ds_config_from_args
+from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 
 
 def parse_args(argv=None):

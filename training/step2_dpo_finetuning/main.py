@@ -14,7 +14,7 @@ eval mode under no_grad, once per batch, or once for the whole data set before t
 split as step 2 (phase 2 of --data_split). Loss, accuracy, chosen/rejected rewards, margins and log-probs on the
 eval split are measured before training, every --eval_interval steps and at the end. The result is a Hugging
 Face folder in --output_dir (the DPO actor, for step-1's prompt_eval.py or chat.py).
---save_steps and --resume work as in steps 1 and 2 (utils/runtime/loop.py).
+--save_steps and --resume work as in steps 1 and 2 (utils/trainer/loop.py).
 """
 import sys
 from pathlib import Path
@@ -29,15 +29,15 @@ import torch
 
 from utils.data.data_utils import DataCollatorPreference, ListDataset
 from utils.model.model_utils import create_hf_model, model_forward_kwargs, resolve_model_path
-from utils.rl.frozen import frozen_causal_lm, frozen_ds_config
 from utils.rl.losses import PREFERENCE_LOSS_TYPES, chosen_nll, preference_loss
 from utils.rl.tokens import sequence_logprobs
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import print_rank_0, to_device
-from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import ConfigError, cli_entry
-from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 from utils.runtime.progress import eval_batches, progress
+from utils.trainer.engine import start_run, train_ds_config_from_args
+from utils.trainer.frozen import frozen_causal_lm, frozen_ds_config
+from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 
 
 def parse_args(argv=None):

@@ -4,7 +4,7 @@ A base transformer with a scalar value head scores each sequence at its last rea
 is the Bradley-Terry pairwise loss -log sigmoid(r_chosen - r_rejected), averaged over pairs. Accuracy and the
 mean chosen/rejected scores on the eval split are measured before training, every --eval_interval steps and at
 the end. The result is a reward-model folder in --output_dir that step 3 and rw_eval.py load.
-Checkpoints (--save_steps) and --resume work as in step 1, through the same loop (utils/runtime/loop.py).
+Checkpoints (--save_steps) and --resume work as in step 1, through the same loop (utils/trainer/loop.py).
 """
 import sys
 from pathlib import Path
@@ -21,10 +21,10 @@ from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import RewardModel
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import to_device
-from utils.runtime.engine import start_run, train_ds_config_from_args
 from utils.runtime.errors import cli_entry
-from utils.runtime.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 from utils.runtime.progress import eval_batches
+from utils.trainer.engine import start_run, train_ds_config_from_args
+from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
 
 
 def parse_args(argv=None):

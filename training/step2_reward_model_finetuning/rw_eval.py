@@ -25,12 +25,13 @@ import json
 import random
 
 import numpy as np
+
 import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
 # isort: split
 import torch
 
 from inference.evaluation import are_task_prompts
-from utils.builtin import task
+from utils.data import builtin_task as task
 from utils.data.data_utils import SampleCounter, pair_sample
 from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import load_reward_model, score_answers, score_sequences

@@ -2,20 +2,13 @@
 import argparse
 import math
 
+from utils.rl.estimators import ESTIMATORS, uses_critic
 from utils.rl.kl import KL_ESTIMATORS
 from utils.rl.losses import LOSS_AGG_MODES
 from utils.runtime.args import (AUTO, ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
                                 add_logging_args, add_only_optimize_lora_arg, add_schedule_args,
                                 add_trust_remote_code_arg, check_common_args, length_or_auto)
 from utils.runtime.errors import ConfigError
-
-ADVANTAGE_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_pp")
-GROUP_ESTIMATORS = ("grpo", "rloo")
-
-
-def uses_critic(args):
-    """Only GAE learns a value function; the critic-free estimators create, train and save no critic."""
-    return args.advantage_estimator == "gae"
 
 
 def parse_args(argv=None):
@@ -176,9 +169,10 @@ def add_ppo_args(parser):
 
 def add_critic_free_args(parser):
     add = parser.add_argument_group("critic-free estimators and reward functions").add_argument
-    add("--advantage_estimator", type=str, default="gae", choices=ADVANTAGE_ESTIMATORS,
-        help="gae: PPO with a critic; grpo, rloo: group baselines over --num_samples_per_prompt answers; "
-             "reinforce_pp: REINFORCE++ (KL in the reward, batch-whitened returns). Only gae creates a critic.")
+    add("--advantage_estimator", type=str, default="gae", choices=tuple(ESTIMATORS),
+        help="; ".join(f"{name}: {row.help}" for name, row in ESTIMATORS.items()) + " (utils/rl/estimators.py). "
+             "Only an estimator with a critic creates one; group estimators compare --num_samples_per_prompt "
+             "answers.")
     add("--num_samples_per_prompt", type=int, default=1, help="Answers sampled per prompt in one rollout.")
     add("--no_std_normalization", action="store_true",
         help="grpo: advantages r - group mean, without dividing by the group's std (Dr. GRPO).")
@@ -262,7 +256,7 @@ def check_rl_args(args):
                               "--critic_model_name_or_path (a step-2 reward model), or both")
     if group < 1:
         raise ConfigError(f"--num_samples_per_prompt must be at least 1, not {group}")
-    if estimator in GROUP_ESTIMATORS and group < 2:
+    if ESTIMATORS[estimator].groups and group < 2:
         raise ConfigError(f"--advantage_estimator {estimator} compares the answers to one prompt: it needs "
                           f"--num_samples_per_prompt of at least 2, not {group}")
     if args.filter_zero_variance and group < 2:

@@ -23,23 +23,23 @@ import itertools
 import random
 import time
 
-from training.step3_rlhf_finetuning.arguments import parse_args
 from inference.evaluation import has_checker, heldout_set
-from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer, mean_stats
-from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
+from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
                                    create_unsupervised_dataset, data_bound, fit_auto_lengths, make_dataloader)
 from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.rl.reward_fns import load_reward_fn
 from utils.runtime.args import training_flags
-from utils.runtime.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
-                                      python_random_state, set_python_random_state)
 from utils.runtime.dist import print_rank_0, to_device
-from utils.runtime.engine import start_run, write_metrics
 from utils.runtime.errors import ConfigError, cli_entry
-from utils.runtime.monitor import Monitor, format_scalars
 from utils.runtime.progress import progress
+from utils.trainer.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
+                                      python_random_state, set_python_random_state)
+from utils.trainer.engine import start_run, write_metrics
+from utils.trainer.monitor import Monitor, format_scalars
+from utils.trainer.ppo_trainer import PPOTrainer, mean_stats
+from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
 
 
 def resolve_step_models(args):

@@ -10,11 +10,14 @@ and read without pickle.
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from utils.data.prompting import encode_prompt_text, model_answer, model_prompt
+from utils.data.raw_datasets import HUB_DATASETS, Builtin, LocalJsonFile, RawDataset, builtin_data_dir
+from utils.data.reasoning_gym_data import ReasoningGym
 from utils.runtime.args import AUTO
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
@@ -22,6 +25,29 @@ from utils.runtime.paths import write_file_atomic
 
 IGNORE_INDEX = -100
 PHASES = (1, 2, 3)
+KNOWN_NAMES = (*HUB_DATASETS, "builtin", "local/jsonfile")
+
+
+
+def get_raw_dataset(name: str, seed: int) -> RawDataset:
+    """The raw data set called `name`: a known hub name, `builtin`, `local/jsonfile`
+    (./data under the current directory), a `reasoning_gym:` spec or an existing local path."""
+    if name in HUB_DATASETS:
+        return HUB_DATASETS[name](seed=seed)
+    if name == "builtin":
+        return Builtin(seed=seed)
+    if name == "local/jsonfile":
+        data = Path.cwd() / "data"
+        if not data.is_dir():
+            raise DataError(f"local/jsonfile: {data}: no such directory (local/jsonfile reads train.json "
+                            f"and eval.json from ./data under the current directory)")
+        return LocalJsonFile(data, seed=seed, name="local/jsonfile")
+    if name.startswith("reasoning_gym:"):
+        return ReasoningGym(name, seed=seed)
+    if os.path.exists(os.path.expanduser(name)):
+        return LocalJsonFile(name, seed=seed)
+    raise DataError(f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) "
+                    f"and no such local path exists")
 
 
 def parse_data_split(data_split):
@@ -216,8 +242,6 @@ def longest_sample(*datasets):
 def longest_answer(data_paths, seed, tokenizer):
     """The most tokens of a reference (chosen) answer, with its EOS, over the train and eval rows of the data
     sets; 0 when none has one. Each distinct answer is tokenized once."""
-    from utils.data.raw_datasets import get_raw_dataset
-
     answers = set()
     for data_path in data_paths:
         raw = get_raw_dataset(data_path, seed)
@@ -280,8 +304,6 @@ def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed
     """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths`, shuffled together.
 
     `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3 (None: no bound)."""
-    from utils.data.raw_datasets import get_raw_dataset
-
     if train_phase not in PHASES:
         raise ConfigError(f"train_phase must be 1, 2 or 3, not {train_phase}")
     parse_data_split(data_split)
@@ -442,11 +464,7 @@ def create_unsupervised_dataset(name, config_name, tokenizer, block_size, seed):
 
 def _unsupervised_texts(name, config_name):
     import json
-    from pathlib import Path
-
     if name == "builtin":
-        from utils.data.raw_datasets import builtin_data_dir
-
         path = builtin_data_dir() / "unsup.txt"
     else:
         path = Path(name)

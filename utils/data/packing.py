@@ -22,16 +22,6 @@ import torch
 from utils.data.data_utils import IGNORE_INDEX
 from utils.runtime.errors import ConfigError
 
-PACKING_HELP = ("Lay each batch's samples end to end in rows of up to --max_seq_len tokens (attention and position "
-                "ids kept within each sample) instead of padding every sample to the batch's longest: the same "
-                "loss, fewer padding positions. Needs a model whose attention honours per-sample position ids "
-                "(Llama-like models do; checked at start-up).")
-
-
-def add_packing_args(group):
-    group.add_argument("--packing", action="store_true", help=PACKING_HELP)
-    return group
-
 
 def pack_lengths(lengths, capacity):
     """First-fit decreasing: the indices of the samples of each row, longest first, every row's total length at

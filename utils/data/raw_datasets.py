@@ -57,6 +57,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from utils.data import builtin_task as task
 from utils.data.pair_formats import read_pair
 from utils.data.prompting import text_prompt
 from utils.runtime.paths import cache_dir
@@ -74,12 +75,10 @@ __all__ = [
     "LocalJsonFile",
     "Builtin",
     "HUB_DATASETS",
-    "KNOWN_NAMES",
     "BUILTIN_SEED",
     "builtin_data_dir",
     "read_local_split",
     "split_train_eval",
-    "get_raw_dataset",
 ]
 
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
@@ -523,13 +522,11 @@ class LocalJsonFile(FieldsAsWritten, RawDataset):
 def builtin_data_dir() -> Path:
     """The built-in task's data directory, generated on first use.
 
-    `cache_dir()/builtin-data/v<utils.builtin.task.TASK_VERSION>-seed1234`, holding train.json,
+    `cache_dir()/builtin-data/v<utils.data.builtin_task.TASK_VERSION>-seed1234`, holding train.json,
     eval.json, heldout.json (for the evaluation scripts), unsup.txt (step 3's unsupervised
-    text) and meta.json. `utils.builtin.task.write_builtin_data` writes it atomically (a temporary
+    text) and meta.json. `utils.data.builtin_task.write_builtin_data` writes it atomically (a temporary
     directory renamed into place), so concurrent ranks and interrupted runs are safe.
     """
-    from utils.builtin import task  # lazy: the task module is only needed for the built-in data
-
     final = cache_dir() / "builtin-data" / f"v{task.TASK_VERSION}-seed{BUILTIN_SEED}"
     if not final.is_dir():
         task.write_builtin_data(final, seed=BUILTIN_SEED)
@@ -541,7 +538,7 @@ def builtin_data_dir() -> Path:
 
 
 class Builtin(LocalJsonFile):
-    """The built-in task (`builtin`): generated once with utils.builtin.task, then read like a local directory."""
+    """The built-in task (`builtin`): generated once with utils.data.builtin_task, then read like a local directory."""
 
     def __init__(self, seed: int = BUILTIN_SEED):
         data_dir = builtin_data_dir()
@@ -556,31 +553,3 @@ class Builtin(LocalJsonFile):
     @property
     def unsup_path(self) -> Path:
         return self.data_dir / "unsup.txt"
-
-
-# --------------------------------------------------------------------------- registry
-
-KNOWN_NAMES = (*HUB_DATASETS, "builtin", "local/jsonfile")
-
-
-def get_raw_dataset(name: str, seed: int) -> RawDataset:
-    """The raw data set called `name`: a known hub name, `builtin`, `local/jsonfile`
-    (./data under the current directory), a `reasoning_gym:` spec or an existing local path."""
-    if name in HUB_DATASETS:
-        return HUB_DATASETS[name](seed=seed)
-    if name == "builtin":
-        return Builtin(seed=seed)
-    if name == "local/jsonfile":
-        data = Path.cwd() / "data"
-        if not data.is_dir():
-            raise DataError(f"local/jsonfile: {data}: no such directory (local/jsonfile reads train.json "
-                            f"and eval.json from ./data under the current directory)")
-        return LocalJsonFile(data, seed=seed, name="local/jsonfile")
-    if name.startswith("reasoning_gym:"):
-        from utils.data.reasoning_gym_data import ReasoningGym  # lazy: reasoning-gym is an optional extra
-
-        return ReasoningGym(name, seed=seed)
-    if os.path.exists(os.path.expanduser(name)):
-        return LocalJsonFile(name, seed=seed)
-    raise DataError(f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) "
-                    f"and no such local path exists")

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.data.data_utils import get_raw_dataset, split_part_indices
 from utils.runtime.errors import DataError
 from utils.runtime.paths import write_file_atomic
 
@@ -64,8 +65,8 @@ class PairCounts:
 
 def judged_pairs(prompts, answers, scores, counts):
     """Pair rows {"prompt", "chosen", "rejected"} of prompts answered K times each: answers[k * n + i] (scores[k *
-    n + i]) answers prompts[i], n = len(prompts), as `sampled_answers` lays them out. chosen is a best-scored
-    non-empty answer, rejected a worst-scored one (`best_and_worst`); `counts` (PairCounts) is updated."""
+    n + i]) answers prompts[i], n = len(prompts), as `sampled_answers` of inference/sample_pairs.py lays them out.
+    chosen is a best-scored non-empty answer, rejected a worst-scored one (`best_and_worst`); `counts` (PairCounts) is updated."""
     n = len(prompts)
     rows = []
     for i, prompt in enumerate(prompts):
@@ -88,24 +89,9 @@ def judged_pairs(prompts, answers, scores, counts):
     return rows
 
 
-def sampled_answers(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature=1.0, top_p=1.0,
-                    batch_size=32, seed=1234, desc=None):
-    """K = samples_per_prompt sampled answers to each data-set prompt, in K rounds over the prompts: answer k * n + i
-    answers prompts[i]. Prompts are put in the model's format (its chat template, if any) as training does."""
-    from inference.generation import generate
-    from utils.data.prompting import model_prompt
-
-    model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
-    return generate(model, tokenizer, model_prompts * samples_per_prompt, max_new_tokens=max_new_tokens,
-                    temperature=temperature, top_p=top_p, batch_size=batch_size, seed=seed, desc=desc)
-
-
 def part_prompts(data_paths, data_split, train_phase, seed, output_path, split_name):
     """The prompts of part `train_phase` of `data_split` of each data set's `split_name` split, in the order the
     step of that phase reads its rows (`utils.data.data_utils.split_part_indices`)."""
-    from utils.data.data_utils import split_part_indices
-    from utils.data.raw_datasets import get_raw_dataset
-
     prompts = []
     for data_path in data_paths:
         raw = get_raw_dataset(data_path, seed)

@@ -5,6 +5,8 @@ import json
 import math
 from pathlib import Path
 
+from utils.model.smollm2 import smollm2_model_path
+from utils.model.tiny import tiny_model_path
 from utils.runtime.errors import ConfigError
 
 BUILTIN_MODELS = ("tiny", "smollm2-135m")
@@ -18,11 +20,9 @@ def resolve_model_path(name_or_path):
     used as it is; anything else is taken as a hub name and must be reachable (or already in the HF cache).
     """
     if name_or_path == "tiny":
-        from utils.builtin.tiny import tiny_model_path
 
         return str(tiny_model_path())
     if name_or_path == "smollm2-135m":
-        from utils.model.smollm2 import smollm2_model_path
 
         return str(smollm2_model_path())
     path = Path(name_or_path)

@@ -5,9 +5,11 @@ import shutil
 from pathlib import Path
 
 from utils.model.lora import fuse_lora_state_dict, has_lora
-from utils.runtime.dist import barrier, is_rank_0
+from utils.model.model_utils import read_json_object
+from utils.runtime.dist import barrier
 from utils.runtime.errors import interrupts_deferred
 from utils.runtime.paths import honour_umask, make_temp_dir_beside, replace_dir
+from utils.runtime.progress import is_rank_0
 
 TRAINING_SETTINGS = "training_settings.json"
 """The flags that shaped a saved model's training (args.training_flags), saved with it: evaluation tools take
@@ -66,8 +68,6 @@ def save_hf_model(module, tokenizer, output_dir, zero_stage=0, settings=None):
 
 def read_training_settings(folder):
     """The TRAINING_SETTINGS of a model folder ({} where there are none: a base model, a hub name)."""
-    from utils.model.model_utils import read_json_object
-
     path = Path(folder) / TRAINING_SETTINGS
     return read_json_object(path, "a model's training settings") if path.is_file() else {}
 

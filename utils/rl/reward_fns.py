@@ -9,7 +9,7 @@ prompts are the data set's prompts as written there (DeepSpeed-Chat's `" Human: 
 model's chat template), answers the generated text up to the first EOS, decoded without special tokens.
 
 `--reward_fn SPEC` names one:
-    builtin                     the built-in task's checker `utils.builtin.task.score_answer` (1 exact, 0.5 near
+    builtin                     the built-in task's checker `utils.data.builtin_task.score_answer` (1 exact, 0.5 near
                                 miss, 0.25 right format only, 0 otherwise)
     reasoning_gym               the verifier of the run's `--data_path reasoning_gym:...` tasks, in [0, 1]
     reasoning_gym_solved        1 where that verifier gives full marks, else 0: no partial credit (many verifiers
@@ -37,21 +37,19 @@ from pathlib import Path
 
 import torch
 
+from utils.data.builtin_task import score_answer
+from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
 from utils.runtime.errors import ChatRLHFError, ConfigError
 
 
 def builtin_reward_fn(prompts, answers):
     """The built-in task's checker on each (prompt, answer): a score in [0, 1]."""
-    from utils.builtin.task import score_answer
-
     return [score_answer(prompt, answer) for prompt, answer in zip(prompts, answers)]
 
 
 def reasoning_gym_reward_fn(args, name="reasoning_gym"):
     """The verifier of the run's reasoning-gym data (`--data_path reasoning_gym:...`): each task's `score_answer`
     on the answer to the question the prompt asks, in [0, 1]. `name` is the reward function's, for errors."""
-    from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
-
     return verifier_of(_one_gym_spec(getattr(args, "data_path", None), name=name))
 
 

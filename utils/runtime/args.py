@@ -4,7 +4,8 @@ import math
 from pathlib import Path
 
 from utils.runtime.ds_utils import DTYPES
-from utils.runtime.errors import ArgumentParser, ConfigError  # noqa: F401 (ArgumentParser: the CLIs import it from here)
+from utils.runtime.errors import (ArgumentParser,  # noqa: F401 (ArgumentParser: the CLIs import it from here)
+                                  ConfigError)
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 AUTO = "auto"
@@ -59,10 +60,9 @@ def add_training_args(parser, default_lr=1e-3, default_epochs=1):
                             "pass, less memory for more time.")
     group.add_argument("--compile", action="store_true",
                        help="torch.compile the model (TorchInductor, forward and backward; evaluations stay eager). "
-                            "The first step compiles, and the first batch of a new length again: 1.5-4.5 min each "
-                            "on a 2-core CPU (seconds once TorchInductor's cache has the graph). Measured there in "
-                            "fp32 (`python -m bench --sections compile`): 1.31x tokens/s on the tiny model, 1.02x on "
-                            "a ~100M Llama (already 81%% matmuls): pays on small models over long runs.")
+                            "The first step compiles, and the first batch of a new length again (minutes on a CPU, "
+                            "seconds from TorchInductor's cache); pays on small models over long runs "
+                            "(docs/performance.md).")
     add_schedule_args(group, default_epochs)
     return group
 
@@ -303,9 +303,12 @@ def add_step_args(parser, *, default_lr=1e-3, eval_interval=False, packing=False
     --packing (utils/data/packing.py)."""
     data = add_data_args(parser)
     if packing:
-        from utils.data.packing import add_packing_args
-
-        add_packing_args(data)
+        data.add_argument("--packing", action="store_true",
+                          help="Lay each batch's samples end to end in rows of up to --max_seq_len tokens "
+                               "(attention and position ids kept within each sample) instead of padding every "
+                               "sample to the batch's longest: the same loss, fewer padding positions. Needs a "
+                               "model whose attention honours per-sample position ids (Llama-like models do; "
+                               "checked at start-up).")
     groups = {"data": data, "model": add_model_args(parser),
               "training": add_training_args(parser, default_lr=default_lr),
               "deepspeed": add_deepspeed_args(parser), "lora": add_lora_args(parser),

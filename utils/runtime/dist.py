@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from utils.runtime.errors import ChatRLHFError
+from utils.runtime.progress import is_rank_0, log_line
+
 
 def init_distributed():
     """Start torch.distributed through DeepSpeed and return (rank, world_size, local_rank, device).
@@ -79,8 +82,6 @@ def check_op_build_lock(name):
             return
         time.sleep(1.0)
     if lock.exists():
-        from utils.runtime.errors import ChatRLHFError
-
         raise ChatRLHFError(f"{lock} is left by a build of DeepSpeed's {name} op that was stopped half-way (no "
                             f"process has it open): remove that file and start again (the op is then built anew)")
 
@@ -104,15 +105,9 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def is_rank_0():
-    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-
-
 def print_rank_0(*args, **kwargs):
     """print on rank 0, above any progress bar (utils/runtime/progress.py), never through it."""
     if is_rank_0():
-        from utils.runtime.progress import log_line
-
         with log_line(kwargs.get("file")):
             print(*args, **kwargs, flush=True)
 
@@ -164,6 +159,4 @@ def quiet_transformers():
 def assert_finite(value, what):
     """Stop the run with one clear line on a NaN or inf loss, before it reaches the weights."""
     if not torch.isfinite(value).all():
-        from utils.runtime.errors import ChatRLHFError
-
         raise ChatRLHFError(f"{what} is {value.item()}: stopping (try a lower learning rate or --dtype fp32)")

@@ -1,6 +1,7 @@
 """DeepSpeed set-up shared by the three steps: configs, precision, optimizers and their parameter groups."""
 import torch
 
+from utils.runtime.dist import check_op_build_lock
 from utils.runtime.errors import ConfigError
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -10,8 +11,7 @@ GRADIENT_CLIPPING = 1.0  # max global gradient norm of every trained model (Deep
 
 NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 """CPU flags (/proc/cpuinfo) of native bf16 matmuls: Intel AMX, AVX-512 BF16 (Intel Cooper Lake+, AMD Zen 4+).
-Without them PyTorch emulates bf16 through fp32 conversions: measured ~15x slower than fp32 on an AVX2-only AMD
-EPYC, while with AMX a ~135M model trained 2-2.5x faster in bf16 than in fp32."""
+Without them PyTorch emulates bf16 through fp32 conversions, many times slower than fp32 (docs/performance.md)."""
 
 
 def read_cpuinfo():
@@ -180,7 +180,6 @@ def create_optimizer(param_groups, learning_rate, offload, betas=(0.9, 0.95)):
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        from utils.runtime.dist import check_op_build_lock
 
         check_op_build_lock("cpu_adam")
 

@@ -5,15 +5,20 @@ import contextlib
 import itertools
 import sys
 
+import torch
+
 # tqdm redraws at most this often (seconds): a bar costs nothing next to a training step.
 MIN_INTERVAL = 1.0
+
+
+def is_rank_0():
+    """Whether this process is rank 0 (or alone): the one that prints, logs and draws bars."""
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
 def show_progress(streams=None):
     """Whether this process draws progress bars: rank 0, and every one of `streams` (default stdout and stderr)
     is a terminal."""
-    from utils.runtime.dist import is_rank_0
-
     streams = (sys.stdout, sys.stderr) if streams is None else streams
     return is_rank_0() and all(_isatty(stream) for stream in streams)
 

@@ -9,7 +9,7 @@ import pytest
 
 from inference.evaluation import (builtin_prompts, evaluate_models, format_score_table, format_side_by_side,
                                   read_prompts_file)
-from utils.builtin import task
+from utils.data import builtin_task as task
 from utils.model.model_utils import resolve_model_path
 from utils.runtime.errors import DataError
 

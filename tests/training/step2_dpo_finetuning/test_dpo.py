@@ -15,7 +15,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from training.step2_dpo_finetuning import main as dpo
 from utils.data.data_utils import DataCollatorPreference, SampleCounter, create_prompt_dataset, pair_sample
-from utils.runtime.engine import train_ds_config_from_args, train_engine_from_args
+from utils.trainer.engine import train_ds_config_from_args, train_engine_from_args
 
 REPO = Path(__file__).resolve().parents[3]
 STEP_DIR = REPO / "training" / "step2_dpo_finetuning"

@@ -16,7 +16,7 @@ from transformers import AutoModel
 
 from training.step2_reward_model_finetuning.rw_eval import (EXAMPLES, accuracy_by_group, average_ranks,
                                                             pairwise_agreement, pearson, spearman)
-from utils.builtin import task
+from utils.data import builtin_task as task
 from utils.data.data_utils import DataCollatorReward, SampleCounter, pair_sample
 from utils.model.reward_model import RewardModel, score_answers
 

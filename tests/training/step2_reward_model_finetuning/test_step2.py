@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from tests.files import write_jsonl
-from utils.data.data_utils import create_prompt_dataset
-from utils.data.raw_datasets import get_raw_dataset
+from utils.data.data_utils import create_prompt_dataset, get_raw_dataset
 from utils.runtime.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,8 +12,6 @@ import torch
 
 from inference.evaluation import builtin_prompts
 from training.step3_rlhf_finetuning.arguments import parse_args
-from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
-from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
 from utils.data.data_utils import DataCollatorRLHF, SampleCounter, prompt_sample, tokenize_answer
 from utils.rl.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
 from utils.rl.kl import FixedKLController
@@ -21,6 +19,8 @@ from utils.rl.reward_fns import builtin_reward_fn
 from utils.rl.rewards import compute_rewards
 from utils.runtime.ds_utils import resolve_dtype
 from utils.runtime.errors import ChatRLHFError
+from utils.trainer.ppo_trainer import PPOTrainer
+from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
 
 GROUP = 4
 PROMPTS = [" Human: What is 7 + 12? Assistant:", ' Human: Say "cat" in uppercase. Assistant:']

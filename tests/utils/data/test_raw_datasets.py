@@ -1,6 +1,5 @@
-"""Tests of utils/data/raw_datasets.py: every schema on tiny in-memory fixtures, local files, errors."""
+"""Tests of utils/data/raw_datasets.py (and data_utils.get_raw_dataset, its registry): every schema on tiny in-memory fixtures, local files, errors."""
 import json
-import sys
 import types
 from pathlib import Path
 
@@ -8,8 +7,8 @@ import datasets
 import pytest
 
 from tests.files import write_jsonl
-import utils.builtin
 from utils.data import raw_datasets as rd
+from utils.data.data_utils import KNOWN_NAMES, get_raw_dataset
 from utils.data.raw_datasets import DataError
 
 # --------------------------------------------------------------------------- fixtures
@@ -165,7 +164,7 @@ def test_offline_hub_load_is_one_line_data_error(monkeypatch):
         raise ConnectionError(f"Couldn't reach '{name}' on the Hub\n(offline mode is enabled)")
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(DataError) as err:
-        rd.get_raw_dataset("Dahoas/rm-static", seed=1)
+        get_raw_dataset("Dahoas/rm-static", seed=1)
     msg = str(err.value)
     assert "\n" not in msg
     assert "'Dahoas/rm-static' could not be downloaded" in msg
@@ -180,7 +179,7 @@ def test_registry_routes_hub_names_through_load_dataset(monkeypatch):
         calls.append(name)
         return dd(train=rows, validation=rows)
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    ds = rd.get_raw_dataset("stanfordnlp/SHP", seed=5)
+    ds = get_raw_dataset("stanfordnlp/SHP", seed=5)
     assert isinstance(ds, rd.StanfordNLPSHP) and ds.seed == 5 and calls == ["stanfordnlp/SHP"]
     assert ds.get_chosen(ds.get_train_data()[0]) == " b"
     assert set(rd.HUB_DATASETS) == {
@@ -221,7 +220,7 @@ def test_local_directory_json_verbatim(tmp_path):
     train[0]["extra"] = {"ignored": 1}
     write_jsonl(tmp_path / "train.json", train)
     (tmp_path / "eval.json").write_text(json.dumps(local_rows(2, "e"), indent=2))  # a JSON array
-    ds = rd.get_raw_dataset(str(tmp_path), seed=1)
+    ds = get_raw_dataset(str(tmp_path), seed=1)
     assert isinstance(ds, rd.LocalJsonFile) and ds.name == str(tmp_path)
     assert triples(ds.get_train_data(), ds) == [(r["prompt"], r["chosen"], r["rejected"]) for r in local_rows(3, "t")]
     assert ds.get_train_data().column_names == ["prompt", "chosen", "rejected"]
@@ -253,17 +252,17 @@ def test_local_single_file_split(tmp_path):
     assert sorted(ev(a) + tr(a)) == sorted(r["prompt"] for r in local_rows(20))
     g = tmp_path / "arr.json"
     g.write_text(json.dumps(local_rows(4)))
-    assert len(rd.get_raw_dataset(str(g), seed=0).get_eval_data()) == 1
+    assert len(get_raw_dataset(str(g), seed=0).get_eval_data()) == 1
 
 
 def test_local_jsonfile_is_cwd_data(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError, match=r"local/jsonfile: .*data: no such directory"):
-        rd.get_raw_dataset("local/jsonfile", seed=1)
+        get_raw_dataset("local/jsonfile", seed=1)
     (tmp_path / "data").mkdir()
     write_jsonl(tmp_path / "data" / "train.json", local_rows(2, "cwd"))
     write_jsonl(tmp_path / "data" / "eval.json", local_rows(1, "cwd"))
-    ds = rd.get_raw_dataset("local/jsonfile", seed=1)
+    ds = get_raw_dataset("local/jsonfile", seed=1)
     assert ds.name == "local/jsonfile"
     assert ds.get_prompt(ds.get_eval_data()[0]) == " Human: qcwd0? Assistant:"
 
@@ -343,7 +342,7 @@ def test_bad_row_found_through_directory(tmp_path):
     write_jsonl(tmp_path / "train.json", local_rows(2))
     write_jsonl(tmp_path / "eval.json", [{"prompt": "p", "chosen": "c", "rejected": 1.5}])
     with pytest.raises(DataError) as err:
-        rd.get_raw_dataset(str(tmp_path), seed=0)
+        get_raw_dataset(str(tmp_path), seed=0)
     assert str(tmp_path / "eval.json") in str(err.value) and "row 0" in str(err.value) and "'rejected'" in str(err.value)
 
 
@@ -362,7 +361,7 @@ def test_single_file_needs_two_rows_and_known_suffix(tmp_path):
     g = tmp_path / "data.csv"
     g.write_text("prompt,chosen,rejected\n")
     with pytest.raises(DataError, match=r"data\.csv: unsupported file type '\.csv'"):
-        rd.get_raw_dataset(str(g), seed=0)
+        get_raw_dataset(str(g), seed=0)
 
 
 def test_non_utf8_file(tmp_path):
@@ -375,12 +374,12 @@ def test_non_utf8_file(tmp_path):
 def test_unknown_name_lists_known_names(tmp_path):
     missing = str(tmp_path / "nowhere")
     with pytest.raises(DataError) as err:
-        rd.get_raw_dataset(missing, seed=0)
+        get_raw_dataset(missing, seed=0)
     msg = str(err.value)
     assert f"unknown data set '{missing}'" in msg and "no such local path exists" in msg
-    for name in rd.KNOWN_NAMES:
+    for name in KNOWN_NAMES:
         assert name in msg
-    assert "builtin" in rd.KNOWN_NAMES and "local/jsonfile" in rd.KNOWN_NAMES
+    assert "builtin" in KNOWN_NAMES and "local/jsonfile" in KNOWN_NAMES
 
 
 # --------------------------------------------------------------------------- builtin
@@ -388,9 +387,9 @@ def test_unknown_name_lists_known_names(tmp_path):
 
 @pytest.fixture
 def fake_task(tmp_path, monkeypatch):
-    """A stand-in utils.builtin.task whose writer counts its calls; the cache goes to tmp_path."""
+    """A stand-in utils.data.builtin_task whose writer counts its calls; the cache goes to tmp_path."""
     monkeypatch.setenv("CHATRLHF_CACHE", str(tmp_path / "cache"))
-    mod = types.ModuleType("utils.builtin.task")
+    mod = types.ModuleType("utils.data.builtin_task")
     mod.calls = []
     mod.TASK_VERSION = 3
 
@@ -407,13 +406,12 @@ def fake_task(tmp_path, monkeypatch):
         return out
 
     mod.write_builtin_data = write_builtin_data
-    monkeypatch.setitem(sys.modules, "utils.builtin.task", mod)
-    monkeypatch.setattr(utils.builtin, "task", mod, raising=False)
+    monkeypatch.setattr(rd, "task", mod)
     return mod
 
 
 def test_builtin_generates_once_and_reads_like_local(fake_task, tmp_path):
-    ds = rd.get_raw_dataset("builtin", seed=9)
+    ds = get_raw_dataset("builtin", seed=9)
     expected_dir = tmp_path / "cache" / "builtin-data" / "v3-seed1234"
     assert isinstance(ds, rd.Builtin) and ds.name == "builtin"
     assert ds.data_dir == expected_dir == rd.builtin_data_dir()
@@ -440,9 +438,9 @@ def test_builtin_incomplete_cache_is_reported(fake_task, tmp_path):
 
 
 def test_builtin_with_real_task(tmp_path, monkeypatch):
-    task = pytest.importorskip("utils.builtin.task")
+    task = pytest.importorskip("utils.data.builtin_task")
     if not hasattr(task, "write_builtin_data"):
-        pytest.skip("utils.builtin.task.write_builtin_data not written yet")
+        pytest.skip("utils.data.builtin_task.write_builtin_data not written yet")
     monkeypatch.setenv("CHATRLHF_CACHE", str(tmp_path))
     ds = rd.Builtin()
     assert ds.data_dir == tmp_path / "builtin-data" / f"v{task.TASK_VERSION}-seed1234"

@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from utils.data import reasoning_gym_data as rg  # noqa: E402
-from utils.runtime.errors import ConfigError, DataError  # noqa: E402
+from utils.data.data_utils import get_raw_dataset  # noqa: E402
 from utils.data.prompting import parse_dialogue  # noqa: E402
-from utils.data.raw_datasets import get_raw_dataset  # noqa: E402
+from utils.runtime.errors import ConfigError, DataError  # noqa: E402
 
 SIZE = 12  # 10 train, 1 eval, 1 held out
 FAST_TASKS = {  # task -> what check_task must find

@@ -8,9 +8,9 @@ import torch
 import transformers
 from transformers import AutoModel, AutoModelForCausalLM
 
-from utils.builtin.tiny import train_tokenizer
 from utils.model.model_utils import (REWARD_MODEL_KEY, configure_dropout, count_parameters, create_hf_model,
                                      load_tokenizer, position_ids_from_mask, resolve_model_path)
+from utils.model.tiny import train_tokenizer
 from utils.runtime.errors import ConfigError
 
 TEXTS = [" Human: What is 1 + 2? Assistant: 3", " Human: Reverse the word \"abc\". Assistant: cba"] * 20

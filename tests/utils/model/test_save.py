@@ -9,7 +9,7 @@ from utils.model.lora import LinearLayerLoRA
 from utils.model.model_utils import create_hf_model
 from utils.model.save import atomic_dir, save_hf_model
 from utils.runtime.ds_utils import get_train_ds_config
-from utils.runtime.engine import init_train_engine, prepare_trainable
+from utils.trainer.engine import init_train_engine, prepare_trainable
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from training.step3_rlhf_finetuning.arguments import parse_args
-from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
-from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
 from utils.data.data_utils import DataCollatorRLHF, DataCollatorSFT
 from utils.rl.experience import answer_action_mask
 from utils.rl.kl import AdaptiveKLController, FixedKLController
 from utils.rl.tokens import masked_mean, masked_var
 from utils.runtime.ds_utils import resolve_dtype
+from utils.trainer.ppo_trainer import PPOTrainer
+from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
 
 EOS = 2
 

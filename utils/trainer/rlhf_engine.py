@@ -7,18 +7,18 @@
     reward     frozen step-2 reward model; None without --critic_model_name_or_path (a reward function alone)
     actor_ema  optional exponential moving average of the actor (--enable_ema)
 
-Frozen models are built by utils.rl.frozen (ZeRO-3 when the trained model they shadow is, or offloaded).
+Frozen models are built by utils.trainer.frozen (ZeRO-3 when the trained model they shadow is, or offloaded).
 Every model is built with dropout off unless asked, so experience and training see the same function.
 """
 from deepspeed.accelerator import get_accelerator
 
 from utils.model.model_utils import create_hf_model
-from training.step3_rlhf_finetuning.arguments import uses_critic
 from utils.model.reward_model import RewardModel
-from utils.rl.frozen import frozen_causal_lm, frozen_ds_config, frozen_reward_model
+from utils.rl.estimators import uses_critic
 from utils.runtime.dist import print_rank_0
 from utils.runtime.ds_utils import get_train_ds_config, merge_user_ds_config
-from utils.runtime.engine import init_train_engine, prepare_trainable
+from utils.trainer.engine import init_train_engine, prepare_trainable
+from utils.trainer.frozen import frozen_causal_lm, frozen_ds_config, frozen_reward_model
 
 
 def use_native_generate_on_cpu():

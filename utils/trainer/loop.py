@@ -3,19 +3,21 @@ reward model, DPO) and what surrounds it: the data loaders, the position in the 
 and throughput, evaluations, and the save at the end."""
 import time
 
+from utils.data.data_utils import create_prompt_dataset, data_bound, fit_auto_lengths, make_dataloader
+from utils.model.model_utils import count_parameters, load_tokenizer
+from utils.model.save import save_hf_model
+from utils.runtime.args import training_flags
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
-from utils.runtime.monitor import format_scalars
 from utils.runtime.progress import progress
+from utils.trainer.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
+from utils.trainer.engine import count_training_steps, eager, train_engine_from_args, write_metrics
+from utils.trainer.monitor import Monitor, Throughput, format_scalars
 
 
 def step_data(args, phase, inputs):
     """(tokenizer, train_dataset, eval_dataset) of a step: --output_dir claimed for this run (`inputs`: {flag:
     folder} of the models it reads; the tokenizer is --model_name_or_path's), and phase `phase` of --data_split
     tokenized within --max_seq_len (`auto`: the longest sample, measured once the data is built unbounded)."""
-    from utils.data.data_utils import create_prompt_dataset, data_bound, fit_auto_lengths
-    from utils.model.model_utils import load_tokenizer
-    from utils.runtime.checkpoint import claim_output_dir
-
     claim_output_dir(args, inputs=inputs)
     tokenizer = load_tokenizer(inputs["--model_name_or_path"], args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
@@ -27,8 +29,6 @@ def step_data(args, phase, inputs):
 def make_loaders(args, train_dataset, eval_dataset, collator):
     """(train_loader, eval_loader): the train split shuffled by --seed, the eval split in order, at the step's
     per-device batch sizes."""
-    from utils.data.data_utils import make_dataloader
-
     return (make_dataloader(train_dataset, collator, args.per_device_train_batch_size, True, args.seed),
             make_dataloader(eval_dataset, collator, args.per_device_eval_batch_size, False))
 
@@ -36,9 +36,6 @@ def make_loaders(args, train_dataset, eval_dataset, collator):
 def step_engine(model, ds_config, args, train_loader, eval_loader, world_size, what, rows="samples"):
     """(engine, total_steps): the DeepSpeed engine of `model` with an LR schedule as long as the run's optimizer
     steps, and one line saying what trains (`what`), how, and on how many `rows`."""
-    from utils.model.model_utils import count_parameters
-    from utils.runtime.engine import count_training_steps, train_engine_from_args
-
     total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
                                        args.max_steps)
     engine = train_engine_from_args(model, ds_config, args, total_steps)
@@ -55,10 +52,6 @@ class LoopState:
     recorded with each checkpoint and saved with the model."""
 
     def __init__(self, args, engine, train_loader, world_size, *, step, run_name):
-        from utils.runtime.args import training_flags
-        from utils.runtime.checkpoint import Checkpointer, TrainingPosition
-        from utils.runtime.monitor import Monitor, Throughput
-
         self.flags = training_flags(args, step=step)
         self.position = TrainingPosition(train_loader)
         self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
@@ -70,8 +63,6 @@ class LoopState:
     def evaluator(self, engine, evaluate):
         """run_eval(when) -> scores: `evaluate()` ({name: float}, run eager under --compile), printed as
         `eval <when>: ...` and written to TensorBoard at the engine's step."""
-        from utils.runtime.engine import eager
-
         def run_eval(when):
             with eager():
                 scores = evaluate()
@@ -140,10 +131,6 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
 def save_run(engine, tokenizer, args, metrics, state, start_time):
     """The end of a step: the run's totals added to `metrics`, TensorBoard closed, the model saved as a Hugging
     Face folder in --output_dir with its training flags, and metrics.json beside it."""
-    from utils.model.model_utils import count_parameters
-    from utils.model.save import save_hf_model
-    from utils.runtime.engine import write_metrics
-
     metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(engine.module),
                    wall_time_s=time.time() - start_time)
     state.monitor.close()

@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM
 
 from inference.sampling import sample
 from training.step3_rlhf_finetuning.arguments import parse_args
-from training.step3_rlhf_finetuning.ppo_trainer import PPOTrainer
-from training.step3_rlhf_finetuning.rlhf_engine import DeepSpeedRLHFEngine
 from utils.data.data_utils import DataCollatorRLHF
 from utils.model.lora import LinearLayerLoRA
-from utils.rl.frozen import moving_average
 from utils.runtime.ds_utils import resolve_dtype
+from utils.trainer.frozen import moving_average
+from utils.trainer.ppo_trainer import PPOTrainer
+from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
 
 
 def make_args(model_dirs, *extra):

@@ -1,4 +1,4 @@
-"""Tests of utils/builtin/tiny.py and utils/runtime/paths.py: the built-in tiny model is a normal Hugging Face folder, its
+"""Tests of utils/model/tiny.py and utils/runtime/paths.py: the built-in tiny model is a normal Hugging Face folder, its
 tokenizer round-trips the built-in task, and `build_once` builds once and atomically."""
 import json
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from utils.builtin import task
-from utils.builtin.tiny import CONFIG_FILE, SPECIAL_TOKENS
+from utils.data import builtin_task as task
 from utils.data.raw_datasets import builtin_data_dir
 from utils.model.model_utils import count_parameters
+from utils.model.tiny import CONFIG_FILE, SPECIAL_TOKENS
 from utils.runtime.paths import build_once
 
 
@@ -67,7 +67,7 @@ def test_tiny_tokenizer_splits_numbers_into_digits(tiny_model_dir, builtin_texts
 
 def test_tiny_tokenizer_leaves_most_random_strings_in_single_letters(tiny_model_dir):
     """The vocabulary is kept small so that merges learnt from the prompts' English words rarely cut the random
-    strings to reverse or uppercase (README: 19% of the held-out strings hold a merge at 340 tokens, 47% at 512)."""
+    strings to reverse or uppercase (docs/quickstart-results.md: 19% of the held-out strings hold a merge at 340 tokens, 47% at 512)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     records = [r for r in task.heldout_prompts(builtin_data_dir()) if r["skill"] in ("reverse", "upper")]
     assert len(records) >= 100

@@ -1,4 +1,4 @@
-"""Tests of utils/runtime/checkpoint.py in this process: which folder `--resume` picks (never a half-written one), when a
+"""Tests of utils/trainer/checkpoint.py in this process: which folder `--resume` picks (never a half-written one), when a
 checkpoint is due, a save/resume round trip of a real DeepSpeed engine that then trains on identically, the
 newest --save_total_limit kept, a failed save or non-finite weights leaving the last checkpoint as it was, and
 a TrainingPosition that resumes the same batches and the same random draws across an epoch boundary."""
@@ -14,12 +14,11 @@ from processes import subprocess_env
 from transformers import AutoModelForCausalLM
 
 from utils.data.data_utils import DataCollatorSFT, ListDataset, make_dataloader
-from utils.runtime.checkpoint import (COMPLETE, Checkpointer, LATEST, TrainingPosition, claim_output_dir, file_manifest,
-                                      is_complete, latest_checkpoint, rng_state, set_rng_state,
-                                      verify_checkpoint)
 from utils.runtime.ds_utils import get_train_ds_config
-from utils.runtime.engine import init_train_engine
 from utils.runtime.errors import ChatRLHFError, ConfigError, _run_exit_callbacks
+from utils.trainer.checkpoint import (COMPLETE, LATEST, Checkpointer, TrainingPosition, claim_output_dir, file_manifest,
+                                      is_complete, latest_checkpoint, rng_state, set_rng_state, verify_checkpoint)
+from utils.trainer.engine import init_train_engine
 
 
 def make_checkpoint(root, name, complete=True):

@@ -18,8 +18,8 @@ The checker `score_answer` parses any prompt of these skills and scores an answe
 `write_builtin_data` writes the data set once (atomically) to a directory:
 train.json / eval.json (JSON lines of {"prompt", "chosen", "rejected"}), heldout.json (JSON lines of
 {"prompt", "skill", "answer"}), unsup.txt (one plain-text document per line) and meta.json.
-Its design (four skills, hard negatives, held-out items, chosen answers right 70% of the time) is the one the
-README's "The built-in default" section describes with its measured effect.
+Its design (four skills, hard negatives, held-out items, chosen answers right 70% of the time) is the one
+docs/quickstart-results.md measures.
 """
 import json
 import os
@@ -523,7 +523,7 @@ def _write_unsup(path: Path, lines: list[str]) -> None:
 
 def _expected_meta(seed: int, num_train: int, num_eval: int, num_heldout: int, num_unsup: int) -> dict:
     return {
-        "generator": "chatrlhf utils/builtin/task.py",
+        "generator": "chatrlhf utils/data/builtin_task.py",
         "version": TASK_VERSION,
         "seed": seed,
         "num_train": num_train,

@@ -5,7 +5,11 @@ import math
 import torch
 
 from utils.model.lora import convert_linear_layer_to_lora, only_optimize_lora_parameters
-from utils.runtime.ds_utils import create_optimizer, get_optimizer_grouped_parameters
+from utils.runtime import threads
+from utils.runtime.dist import init_distributed, print_rank_0, quiet_transformers, set_random_seed
+from utils.runtime.ds_utils import (create_optimizer, get_optimizer_grouped_parameters, get_train_ds_config,
+                                    merge_user_ds_config, training_dtype)
+from utils.runtime.progress import is_rank_0
 
 
 def prepare_trainable(model, *, lora_dim=0, lora_module_name="layers.", only_optimize_lora=False,
@@ -104,9 +108,6 @@ def start_run(args):
     device): the run's wall clock starts here."""
     import time
 
-    from utils.runtime import threads
-    from utils.runtime.ds_utils import training_dtype
-    from utils.runtime.dist import init_distributed, print_rank_0, quiet_transformers, set_random_seed
 
     start_time = time.time()
     _, world_size, _, device = init_distributed()
@@ -120,8 +121,6 @@ def start_run(args):
 
 def train_ds_config_from_args(args, world_size):
     """The DeepSpeed config of steps 1 and 2 from their flags, with the user's --deepspeed_config on top."""
-    from utils.runtime.ds_utils import get_train_ds_config, merge_user_ds_config
-
     config = get_train_ds_config(micro_batch_size=args.per_device_train_batch_size,
                                  gradient_accumulation_steps=args.gradient_accumulation_steps,
                                  world_size=world_size, dtype=args.dtype, stage=args.zero_stage,
@@ -133,7 +132,6 @@ def write_metrics(output_dir, metrics):
     """The step's measured figures as <output_dir>/metrics.json (rank 0 only), for train.py's report."""
     import json
 
-    from utils.runtime.dist import is_rank_0
 
     if is_rank_0():
         with open(f"{output_dir}/metrics.json", "w") as f:

@@ -5,7 +5,7 @@ import zlib
 
 import pytest
 
-from utils.builtin import task
+from utils.data import builtin_task as task
 
 ADD = " Human: What is 7 + 12? Assistant:"
 REVERSE = ' Human: Reverse the word "cat". Assistant:'

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from utils.data import builtin_task as task
+from utils.data.raw_datasets import builtin_data_dir
 from utils.runtime.paths import build_once, cache_dir
 
 CONFIG_FILE = Path(__file__).parent / "configs" / "tiny_llama.json"
@@ -19,9 +21,6 @@ TOKENIZER_VERSION = "bpe-digits-1"
 def tiny_model_path():
     """The tiny model's folder, built on first use. Its name carries a digest of the config and of the corpus
     version, so a change to either builds a new folder instead of reusing a stale one."""
-    from utils.builtin import task
-    from utils.data.raw_datasets import builtin_data_dir
-
     data_dir = builtin_data_dir()
     config_text = CONFIG_FILE.read_text()
     digest = hashlib.sha256((config_text + str(task.TASK_VERSION) + TOKENIZER_VERSION).encode()).hexdigest()[:10]

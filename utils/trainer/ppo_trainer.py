@@ -3,12 +3,8 @@ both), then update the actor with the clipped policy loss and, with a critic, th
 loss. The math is in `utils/rl/`, the shapes of a batch of experience in `utils/rl/experience.py`. A row whose
 first answer token is EOS is an empty answer: it is kept, scored and penalised like any other, never dropped.
 
---advantage_estimator chooses how an answer is credited, in one place (`estimate_advantages`):
-
-    gae           PPO with a critic (DeepSpeed-Chat's): GAE over the critic's values of the per-token rewards
-    grpo          no critic: (r - mean) / std over the --num_samples_per_prompt answers to the same prompt
-    rloo          no critic: r - the mean of the other answers to the same prompt
-    reinforce_pp  no critic: returns-to-go of the per-token rewards, whitened over the global batch
+--advantage_estimator chooses how an answer is credited: a row of `utils/rl/estimators.py` (GAE with a critic,
+DeepSpeed-Chat's; GRPO, RLOO and REINFORCE++ without one).
 
 Each prompt is repeated --num_samples_per_prompt times in a row inside this rank's batch, so a group never
 spans two ranks.
@@ -17,20 +13,20 @@ import time
 
 import torch
 
+from inference.evaluation import DECODINGS, evaluate_models
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
 from inference.sampling import sample, supports_native_sampling
 from utils.model.model_utils import answer_logits, model_forward_kwargs
 from utils.model.reward_model import score_answers
-from utils.rl.advantages import (gae_advantages_and_returns, grpo_advantages, reinforce_pp_advantages,
-                                 rloo_advantages, sequence_advantages)
+from utils.rl.estimators import ESTIMATORS
 from utils.rl.experience import Experience, answer_action_mask
-from utils.rl.frozen import moving_average
 from utils.rl.kl import make_kl_controller
 from utils.rl.losses import kl_loss, policy_loss, positive_nll, value_loss
 from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
-from utils.rl.tokens import entropy_from_logits, logprobs_from_logits, masked_mean, masked_whiten
+from utils.rl.tokens import entropy_from_logits, logprobs_from_logits, masked_mean
 from utils.runtime.dist import all_reduce_mean, all_reduce_sum, assert_finite, to_device
+from utils.trainer.frozen import moving_average
 
 
 class PPOTrainer:
@@ -199,18 +195,8 @@ class PPOTrainer:
         """(advantages, returns) by --advantage_estimator; returns (the critic's targets) is None without a
         critic. `rewards` are compute_rewards' per-token rewards: the KL penalty on every token, the shaped
         score on the last, so an answer's sequence reward rewards.sum(1) is its score minus its KL penalty."""
-        args = self.args
-        if args.advantage_estimator == "gae":
-            advantages, returns = gae_advantages_and_returns(values, rewards, action_mask, args.gamma, args.lam)
-            return (masked_whiten(advantages, action_mask) if args.whiten_advantages else advantages), returns
-        if args.advantage_estimator == "reinforce_pp":
-            return reinforce_pp_advantages(rewards, action_mask, args.gamma, batch_sum=all_reduce_sum), None
-        groups = rewards.sum(1).view(-1, args.num_samples_per_prompt)
-        if args.advantage_estimator == "grpo":
-            advantages = grpo_advantages(groups, std_normalization=not args.no_std_normalization)
-        else:
-            advantages = rloo_advantages(groups)
-        return sequence_advantages(advantages.reshape(-1), action_mask), None
+        return ESTIMATORS[self.args.advantage_estimator].advantages(rewards, values, action_mask, self.args,
+                                                                     all_reduce_sum)
 
     # ---- update -----------------------------------------------------------------------------------------------
 
@@ -304,8 +290,6 @@ class PPOTrainer:
         prompts), and "reward", the mean end score of the reward sources.
         Every rank runs it (ZeRO-3 gathers the weights collectively); random states are left as they were.
         Returns {"sampled": scores, "greedy": scores}."""
-        from inference.evaluation import DECODINGS, evaluate_models
-
         args = self.args
         self.actor.eval()
         results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,

@@ -1,6 +1,8 @@
 """What a run reports: TensorBoard scalars, console lines, and throughput as DeepSpeed-Chat's
 `print_throughput` computes it (Megatron's FLOP formula)."""
-from utils.runtime.dist import is_rank_0, print_rank_0
+from utils.data.packing import batch_counts
+from utils.runtime.dist import print_rank_0
+from utils.runtime.progress import is_rank_0
 
 
 class Monitor:
@@ -75,8 +77,6 @@ class Throughput:
     def add_batch(self, seconds, batch):
         """`add` for a collated batch, padded or packed: FLOPs over its rows as padded, its samples and real
         tokens as `utils.data.packing.batch_counts` counts them."""
-        from utils.data.packing import batch_counts
-
         samples, real_tokens = batch_counts(batch)
         self.add(seconds, *batch["input_ids"].shape, real_tokens, samples=samples)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from utils.runtime.ds_utils import get_train_ds_config
-from utils.runtime.engine import init_train_engine
+from utils.trainer.engine import init_train_engine
 
 
 def make_engine(config, stage, dtype):

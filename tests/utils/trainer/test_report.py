@@ -1,5 +1,5 @@
-"""Tests of utils/runtime/report.py's score table: one column per group the checker scored."""
-from utils.runtime.report import skill_table
+"""Tests of utils/trainer/report.py's score table: one column per group the checker scored."""
+from utils.trainer.report import skill_table
 
 
 def test_the_score_table_has_a_column_per_group_the_checker_scored():
@@ -16,7 +16,7 @@ def test_the_score_table_has_a_column_per_group_the_checker_scored():
 def test_the_report_counts_the_sampled_pairs(tmp_path):
     import json
 
-    from utils.runtime.report import pipeline_report
+    from utils.trainer.report import pipeline_report
 
     (tmp_path / "meta.json").write_text(json.dumps({"counts": {"train": {"prompts": 40, "pairs": 31,
                                                                          "mean_score": 0.75}}}))
@@ -29,7 +29,7 @@ def test_the_report_counts_the_sampled_pairs(tmp_path):
 def test_the_report_has_a_row_per_round_of_iterative_dpo(tmp_path):
     import json
 
-    from utils.runtime.report import pipeline_report
+    from utils.trainer.report import pipeline_report
 
     stage_dirs = {}
     for round_, (prompts, pairs, before, after) in enumerate([(40, 31, 0.5, 0.75), (40, 22, 0.6, 0.9)], start=1):

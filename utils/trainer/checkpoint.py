@@ -35,9 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.runtime.dist import barrier, is_rank_0, print_rank_0
+from utils.model.save import gather_state_dict, load_safetensors, save_safetensors
+from utils.runtime.dist import barrier, print_rank_0
 from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, interrupts_deferred, on_exit
 from utils.runtime.paths import FolderLock, make_temp_dir_beside, replace_dir, write_file_atomic
+from utils.runtime.progress import is_rank_0
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -491,8 +493,6 @@ def check_finite_weights(module, what):
 
 
 def _save_weights(engine, path):
-    from utils.model.save import gather_state_dict, save_safetensors
-
     state_dict = gather_state_dict(engine.module, engine.zero_optimization_stage())
     if state_dict is not None:
         save_safetensors(state_dict, path)
@@ -502,7 +502,6 @@ def _load_weights(engine, path):
     """Copy saved weights into `engine.module` in place (gathered, then re-partitioned, under ZeRO-3)."""
     import deepspeed
 
-    from utils.model.save import load_safetensors
 
     tensors = load_safetensors(path)
     zero3 = engine.zero_optimization_stage() == 3
