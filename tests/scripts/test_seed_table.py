@@ -1,0 +1,26 @@
+"""scripts/seed_table.py: the docs' seed tables made from runs' own evaluation.json and report.md."""
+import json
+
+from scripts.seed_table import table
+
+
+def write_run(folder, sampled, greedy, seed):
+    folder.mkdir()
+    skills = {"add": 0.9, "upper": 0.8}
+    evaluation = {"baseline": {"sampled": {"all": 0.5, **skills}, "greedy": {"all": 0.9, **skills}},
+                  "finetune": {"sampled": {"all": sampled, **skills},
+                               "greedy": {"all": greedy, "add": 0.9 + greedy - 0.9, "upper": 0.8 - 0.02}}}
+    (folder / "evaluation.json").write_text(json.dumps(evaluation))
+    (folder / "report.md").write_text(f"Measured by `python train.py --seed {seed}`:\n\n| step | measure | value |\n")
+
+
+def test_rows_mean_spread_and_worst_skill_come_from_the_runs(tmp_path):
+    write_run(tmp_path / "s1", 0.65, 0.95, 1)
+    write_run(tmp_path / "s2", 0.75, 0.93, 2)
+    text = table([tmp_path / "s1", tmp_path / "s2"], "Two seeds")
+    assert text.startswith("### Two seeds")
+    assert "`python train.py --seed 1`" in text and "commit:" in text and "CPU:" in text
+    assert "| s1 | 0.500 -> 0.650 (+0.150) | 0.900 -> 0.950 (+0.050) | upper -0.020 |" in text
+    assert "| s2 | 0.500 -> 0.750 (+0.250) |" in text
+    # mean +0.200, sample sd of (0.15, 0.25) = 0.0707
+    assert "| mean of 2 | +0.200 (sd 0.071) | +0.040 | lowest -0.020 |" in text
