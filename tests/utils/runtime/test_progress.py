@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from utils.runtime import dist
+from utils.runtime import progress as progress_module
 from utils.runtime.dist import print_rank_0
 from utils.runtime.progress import progress, show_progress
 
@@ -47,7 +47,7 @@ def test_no_bar_when_stdout_or_stderr_is_not_a_terminal(monkeypatch, redirected)
 
 def test_no_bar_on_ranks_above_0(monkeypatch):
     terminal = fake_terminal(monkeypatch)
-    monkeypatch.setattr(dist, "is_rank_0", lambda: False)
+    monkeypatch.setattr(progress_module, "is_rank_0", lambda: False)
     assert not show_progress()
     assert progress(range(3), desc="train").disable
     assert terminal.getvalue() == ""
