@@ -1,8 +1,10 @@
-"""Tests of train.py's stage table: which stages each algorithm runs, what each starts from, the flags every stage
-gets from the pipeline, the closing evaluation's models, and the interpreter the run scripts use. Commands are
-built in process, or printed by `train.py --dry-run` (no launcher runs);
+"""Tests of train.py and its registry of algorithms (training/pipeline.py): which stages each algorithm runs, what
+each starts from (named flags), the flags every stage gets from the pipeline, the defaults an algorithm takes on data
+with a checker, the closing evaluation's models, the run scripts and launch.sh, and train.py's answers to an
+unusable --output-dir. Commands are built in process, or printed by `train.py --dry-run` (no launcher runs);
 tests/training/step1_supervised_finetuning/test_step1.py runs the real thing."""
 import os
+import pathlib
 import shlex
 import shutil
 import subprocess
@@ -13,16 +15,27 @@ import pytest
 
 import train
 from tests.files import write_jsonl
+from training.pipeline import (ALGORITHMS, STAGES, Algorithm, check_round_flags, evaluation_command, plan,
+                               step_command)
+from utils.rl.estimators import CRITIC_FREE
 from utils.runtime.errors import ConfigError, DataError
+
+ROOT = Path(train.__file__).parent
 
 
 def commands(*argv):
-    """{stage: its run.sh command} and the evaluation command of a `train.py` call."""
+    """{run name: its command} of the runs of --step, and the evaluation command of a `train.py` call."""
     args = train.parse_args(["--output-dir", "out", *argv])
-    dirs = train.output_dirs(args)
-    stages = [name for name in train.pipeline(args) if train.stage_spec(name).step in args.step]
-    return {stage: train.step_command(args, stage, dirs) for stage in stages}, \
-        train.evaluation_command(args, stages, dirs)
+    runs = plan(args)
+    return {run.name: step_command(args, run) for run in runs if run.spec.step in args.step}, \
+        evaluation_command(args, runs)
+
+
+def flag(command, name):
+    """The value of `name` in `command` (its last: argparse keeps a flag's last value); None without it."""
+    if name not in command:
+        return None
+    return command[len(command) - command[::-1].index(name)]
 
 
 def write_rows(folder, *names, answered=True):
@@ -36,50 +49,119 @@ def script_folder(command):
     return Path(command[1]).parents[2].name
 
 
+def run_main(argv, capsys):
+    """(exit code, stdout, stderr) of train.main(argv) in process."""
+    try:
+        code = train.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def error_lines(err):
+    """The `error:` lines of a stderr (without the notes a library may print as it loads)."""
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
 @pytest.mark.parametrize("argv, expected", [
     ([], ["sft", "reward", "ppo"]),
-    (["--algorithm", "dpo"], ["sft", "dpo"]),
-    (["--algorithm", "grpo"], ["sft", "reward", "rl"]),
+    (["--algorithm", "dpo", "--pair-judge", "none"], ["sft", "dpo"]),
+    (["--algorithm", "grpo", "--reward-fn", "none"], ["sft", "reward", "rl"]),
     (["--algorithm", "rloo", "--reward-fn", "builtin"], ["sft", "rl"]),
-    (["--algorithm", "dpo", "--step", "2"], ["dpo"]),
+    (["--algorithm", "dpo", "--pair-judge", "none", "--step", "2"], ["dpo"]),
     (["--step", "1", "3"], ["sft", "ppo"]),
 ])
 def test_each_algorithm_runs_its_stages_in_order(argv, expected):
     stage_commands, _ = commands(*argv)
     assert list(stage_commands) == expected
     for stage, command in stage_commands.items():
-        assert script_folder(command) == train.STAGES[stage].folder
+        assert script_folder(command) == STAGES[stage].folder
 
 
-def test_each_stage_starts_from_the_outputs_before_it():
-    stage_commands, evaluation = commands("--algorithm", "dpo")
-    assert stage_commands["dpo"][2:5] == ["out/dpo-models/tiny", "0", "out/actor-models/tiny"]
-    assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "out/actor-models/tiny"
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/dpo-models/tiny"
+def test_the_algorithms_are_one_registry_whose_critic_free_rows_are_the_estimators():
+    assert train.build_parser()._option_string_actions["--algorithm"].choices == tuple(ALGORITHMS)
+    critic_free = [name for name, row in ALGORITHMS.items() if "rl" in row.stages]
+    assert critic_free == [*CRITIC_FREE, "gspo"]  # every estimator, and GSPO on the grpo one
+    for name in CRITIC_FREE:
+        rl = commands("--algorithm", name)[0]["rl"]
+        assert flag(rl, "--advantage_estimator") == name
+
+
+def test_an_algorithm_on_an_estimator_of_another_name_is_one_row():
+    """GSPO: the grpo estimator with a sequence-level policy loss, its small clip ranges and the paper's mean over
+    answers, and GRPO's recipe; on the built-in task the checker as its reward."""
+    stage_commands, _ = commands("--algorithm", "gspo")
+    assert list(stage_commands) == ["sft", "rl"]
+    rl = stage_commands["rl"]
+    assert (flag(rl, "--advantage_estimator"), flag(rl, "--policy_loss"), flag(rl, "--reward_fn")) == \
+        ("grpo", "gspo", "builtin")
+    assert (flag(rl, "--cliprange_low"), flag(rl, "--cliprange_high"), flag(rl, "--loss_agg_mode")) == \
+        ("3e-4", "4e-4", "seq_mean_token_mean")
+    grpo = commands("--algorithm", "grpo")[0]["rl"]
+    assert flag(rl, "--num_samples_per_prompt") == flag(grpo, "--num_samples_per_prompt") == "8"
+
+
+@pytest.mark.parametrize("algorithm, stages, folder, output", [
+    ("kto", ["sft", "pairs", "kto"], "step2_kto_finetuning", "out/kto-models/tiny"),
+    ("orpo", ["orpo"], "step2_dpo_finetuning", "out/orpo-models/tiny"),
+])
+def test_kto_and_orpo_are_a_stage_row_each(algorithm, stages, folder, output):
+    """KTO: its own step-2 folder after step 1 (on the built-in task from the actor's judged answers); ORPO: DPO's
+    folder with the orpo loss, from the base model, no step 1, compared with the base model at the end."""
+    stage_commands, evaluation = commands("--algorithm", algorithm)
+    assert list(stage_commands) == stages
+    command = stage_commands[stages[-1]]
+    assert script_folder(command) == folder and flag(command, "--output_dir") == output
+    start = "out/actor-models/tiny" if algorithm == "kto" else "tiny"
+    assert flag(command, "--model_name_or_path") == flag(evaluation, "--model_name_or_path_baseline") == start
+    assert flag(evaluation, "--model_name_or_path_finetune") == output
+    if algorithm == "orpo":
+        assert flag(command, "--loss_type") == "orpo" and flag(command, "--max_steps") == "2000"
+    else:
+        assert flag(command, "--data_path") == "out/sampled-pairs/tiny"
+
+
+def test_each_stage_starts_from_the_outputs_before_it_by_named_flags():
+    stage_commands, evaluation = commands("--algorithm", "dpo", "--pair-judge", "none")
+    dpo = stage_commands["dpo"]
+    assert dpo[2:8] == ["--model_name_or_path", "out/actor-models/tiny", "--zero_stage", "0", "--output_dir",
+                        "out/dpo-models/tiny"]
+    assert flag(evaluation, "--model_name_or_path_baseline") == "out/actor-models/tiny"
+    assert flag(evaluation, "--model_name_or_path_finetune") == "out/dpo-models/tiny"
     assert "--reward_model" not in evaluation
 
     stage_commands, evaluation = commands("--algorithm", "grpo", "--reward-fn", "builtin")
     rl = stage_commands["rl"]
-    assert rl[2:4] == ["out/actor-models/tiny", ""]  # no reward model: the run script gets no critic
-    assert rl[rl.index("--advantage_estimator") + 1] == "grpo" and rl[rl.index("--reward_fn") + 1] == "builtin"
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor_ema"
+    assert flag(rl, "--actor_model_name_or_path") == "out/actor-models/tiny"
+    assert "--critic_model_name_or_path" not in rl  # no reward model
+    assert flag(rl, "--advantage_estimator") == "grpo" and flag(rl, "--reward_fn") == "builtin"
+    assert flag(evaluation, "--model_name_or_path_finetune") == "out/step3-models/tiny/actor_ema"
 
     stage_commands, evaluation = commands()
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor"
-    assert stage_commands["ppo"][2:4] == ["out/actor-models/tiny", "out/reward-models/tiny"]
-    assert evaluation[evaluation.index("--reward_model") + 1] == "out/reward-models/tiny"
+    assert flag(evaluation, "--model_name_or_path_finetune") == "out/step3-models/tiny/actor"
+    assert stage_commands["sft"][2:8] == ["--model_name_or_path", "tiny", "--zero_stage", "0", "--output_dir",
+                                          "out/actor-models/tiny"]
+    assert stage_commands["reward"][2:8] == ["--model_name_or_path", "out/actor-models/tiny", "--zero_stage", "0",
+                                             "--output_dir", "out/reward-models/tiny"]
+    assert stage_commands["ppo"][2:12] == [
+        "--actor_model_name_or_path", "out/actor-models/tiny", "--critic_model_name_or_path", "out/reward-models/tiny",
+        "--actor_zero_stage", "0", "--critic_zero_stage", "0", "--output_dir", "out/step3-models/tiny"]
+    assert "--advantage_estimator" not in stage_commands["ppo"]  # step 3's default: PPO's GAE
+    assert flag(evaluation, "--reward_model") == "out/reward-models/tiny"
 
 
 def test_step_3_with_ema_is_evaluated_on_its_moving_average():
     _, evaluation = commands("--step3-args=--enable_ema --ema_beta 0.99")
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor_ema"
-    _, evaluation = commands("--algorithm", "dpo", "--step2-args=--beta 0.2")
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/dpo-models/tiny"
+    assert flag(evaluation, "--model_name_or_path_finetune") == "out/step3-models/tiny/actor_ema"
+    _, evaluation = commands("--algorithm", "dpo", "--pair-judge", "none", "--step2-args=--beta 0.2")
+    assert flag(evaluation, "--model_name_or_path_finetune") == "out/dpo-models/tiny"
 
 
 def test_step_one_alone_is_evaluated_against_the_base_model():
     _, evaluation = commands("--step", "1")
-    assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "tiny"
+    assert flag(evaluation, "--model_name_or_path_baseline") == "tiny"
     assert commands("--step", "2")[1] is None  # a reward model alone: no actor to compare
 
 
@@ -88,18 +170,30 @@ def test_data_without_reference_answers_skips_step_1_and_rl_starts_from_the_base
     spec = "reasoning_gym:graph_color?size=40"
     stage_commands, evaluation = commands("--algorithm", "grpo", "--reward-fn", "reasoning_gym", "--data-path", spec)
     assert list(stage_commands) == ["rl"]
-    assert stage_commands["rl"][2:4] == ["tiny", ""]
-    assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "tiny"
+    rl = stage_commands["rl"]
+    assert flag(rl, "--actor_model_name_or_path") == "tiny" and "--critic_model_name_or_path" not in rl
+    assert flag(evaluation, "--model_name_or_path_baseline") == "tiny"
     # the tiny recipe keeps a moving average of the actor, which the evaluation compares
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/step3-models/tiny/actor_ema"
+    assert flag(evaluation, "--model_name_or_path_finetune") == "out/step3-models/tiny/actor_ema"
     mixed, _ = commands("--algorithm", "grpo", "--reward-fn", "builtin", "--data-path", spec, "builtin")
     assert list(mixed) == ["sft", "rl"]  # another data set has answers: step 1 trains on those
-    with pytest.raises(SystemExit):
-        train.main(["--output-dir", "out", "--algorithm", "grpo", "--reward-fn", "reasoning_gym", "--data-path",
-                    spec, "--step", "1", "--dry-run"])
-    out, err = capsys.readouterr()
+    code, out, err = run_main(["--output-dir", "out", "--algorithm", "grpo", "--reward-fn", "reasoning_gym",
+                               "--data-path", spec, "--step", "1", "--dry-run"], capsys)
+    assert code == 2
     assert "step 1 skipped: reasoning_gym:graph_color?size=40 has no reference answers" in out
-    assert err.strip() == "error: --step 1: nothing to run for --algorithm grpo"
+    assert error_lines(err) == ["error: --step 1: nothing to run for --algorithm grpo"]
+
+
+def test_an_algorithm_without_step_1_runs_without_data_path(monkeypatch, capsys, tmp_path):
+    """Before: `" ".join(args.data_path)` of None, a TypeError, for a pipeline without step 1 on the default data."""
+    monkeypatch.setitem(ALGORITHMS, "from_base", Algorithm(("reward", "rl"), "a reward model, then RL from the base "
+                                                                              "model", flags=("--advantage_estimator",
+                                                                                              "grpo")))
+    code, out, err = run_main(["--output-dir", str(tmp_path / "out"), "--algorithm", "from_base", "--dry-run",
+                               "--no-eval"], capsys)
+    assert code == 0, err
+    assert "step 1 skipped" not in out and len(out.splitlines()) == 2
+    assert "--actor_model_name_or_path tiny " in out.splitlines()[1]
 
 
 def test_a_local_file_of_prompts_alone_skips_step_1_and_one_with_answers_does_not(tmp_path):
@@ -125,7 +219,7 @@ def test_the_closing_evaluation_scores_data_without_a_checker_with_the_rl_reward
     checks.write_text("def score(prompts, answers):\n    return [0.0] * len(answers)\n")
     spec = f"{checks}:score"
     _, evaluation = commands("--algorithm", "grpo", "--reward-fn", spec, "--data-path", "questions.jsonl")
-    assert evaluation[evaluation.index("--reward_fn") + 1] == spec
+    assert flag(evaluation, "--reward_fn") == spec
     for data in (["--data-path", "builtin"], []):  # the built-in checker (or a verifier) is the yardstick there
         _, evaluation = commands("--algorithm", "grpo", "--reward-fn", spec, *data)
         assert "--reward_fn" not in evaluation
@@ -141,7 +235,9 @@ def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win(tmp_path, mon
         assert "--data_path a.jsonl b.jsonl --data_split 1,1,1 --seed 7" in text, stage
         assert "--seed 9" not in text or text.rindex("--seed 9") > text.rindex("--seed 7")
     assert shlex.join(stage_commands["reward"]).endswith("--seed 9")  # after the pipeline's: argparse keeps it
-    assert stage_commands["sft"][3] == "3" and stage_commands["ppo"][4:6] == ["3", "3"]
+    assert flag(stage_commands["sft"], "--zero_stage") == "3"
+    ppo = stage_commands["ppo"]
+    assert flag(ppo, "--actor_zero_stage") == flag(ppo, "--critic_zero_stage") == "3"
     assert "--data_path a.jsonl b.jsonl" in shlex.join(evaluation)
     plain, _ = commands()
     assert all("--data_path" not in command and "--seed" not in command for command in plain.values())
@@ -149,8 +245,9 @@ def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win(tmp_path, mon
 
 def test_per_model_zero_stages_override_the_pipeline_one():
     stage_commands, _ = commands("--zero-stage", "2", "--reward-zero-stage", "3")
-    assert stage_commands["sft"][3] == "2" and stage_commands["reward"][3] == "3"
-    assert stage_commands["ppo"][4:6] == ["2", "3"]
+    assert flag(stage_commands["sft"], "--zero_stage") == "2" and flag(stage_commands["reward"], "--zero_stage") == "3"
+    assert (flag(stage_commands["ppo"], "--actor_zero_stage"), flag(stage_commands["ppo"], "--critic_zero_stage")) \
+        == ("2", "3")
 
 
 def test_critic_free_stage_takes_step_3_recipe_then_its_own():
@@ -158,8 +255,8 @@ def test_critic_free_stage_takes_step_3_recipe_then_its_own():
     from training.recipes import recipe_flags
 
     text = shlex.join(stage_commands["rl"])
-    assert shlex.join(recipe_flags("tiny", 3)) in text
-    assert text.index(shlex.join(recipe_flags("tiny", 3))) < text.index("--enable_tensorboard")
+    step3, grpo = shlex.join(recipe_flags("tiny", 3)), shlex.join(recipe_flags("tiny", "grpo"))
+    assert f"{step3} {grpo} --enable_tensorboard" in text
 
 
 def test_a_reward_function_needs_a_critic_free_algorithm():
@@ -167,6 +264,55 @@ def test_a_reward_function_needs_a_critic_free_algorithm():
         train.parse_args(["--reward-fn", "builtin"])
 
 
+# ---------------------------------------------------------------------- defaults on data with a checker
+@pytest.mark.parametrize("argv, stages, judge, reward_fn, notice", [
+    # the built-in task (the default data): iterative DPO on the actor's judged answers, critic-free RL on the checker
+    (["--algorithm", "dpo"], ["sft"] + ["pairs", "dpo"] + ["pairs@2", "dpo@2", "pairs@3", "dpo@3", "pairs@4", "dpo@4"],
+     "builtin", None, "--algorithm dpo takes --pair-judge builtin --pair-rounds 4 by default"),
+    (["--algorithm", "grpo"], ["sft", "rl"], None, "builtin", "--algorithm grpo takes --reward-fn builtin by default"),
+    (["--algorithm", "rloo", "--data-path", "builtin"], ["sft", "rl"], None, "builtin", "--reward-fn none opts out"),
+    (["--algorithm", "reinforce_pp"], ["sft", "rl"], None, "builtin", "--reward-fn builtin"),
+    (["--algorithm", "grpo", "--data-path", "reasoning_gym:chain_sum?max_digits=1"], ["sft", "rl"], None,
+     "reasoning_gym", "--algorithm grpo takes --reward-fn reasoning_gym by default"),
+    # what the user gives wins
+    (["--algorithm", "dpo", "--pair-rounds", "2"], ["sft", "pairs", "dpo", "pairs@2", "dpo@2"], "builtin", None,
+     "--pair-judge builtin --pair-rounds 4"),
+    (["--algorithm", "dpo", "--pair-judge", "builtin"], ["sft", "pairs", "dpo"], "builtin", None, ""),
+    (["--algorithm", "grpo", "--pair-judge", "builtin"], ["sft", "pairs", "reward", "rl"], "builtin", None, ""),
+    (["--algorithm", "grpo", "--reward-fn", "reasoning_gym_solved", "--data-path", "reasoning_gym:gcd"],
+     ["sft", "rl"], None, "reasoning_gym_solved", ""),
+    # the opt-outs: the data set's own pairs, a step-2 reward model
+    (["--algorithm", "dpo", "--pair-judge", "none"], ["sft", "dpo"], None, None, ""),
+    (["--algorithm", "grpo", "--reward-fn", "none"], ["sft", "reward", "rl"], None, None, ""),
+    # PPO: no default yet; data without a checker, or several, or a step's own data: none
+    ([], ["sft", "reward", "ppo"], None, None, ""),
+    (["--algorithm", "dpo", "--data-path", "{tmp}/a.jsonl"], ["sft", "dpo"], None, None, ""),
+    (["--algorithm", "grpo", "--data-path", "builtin", "reasoning_gym:gcd"], ["sft", "reward", "rl"], None, None, ""),
+    (["--algorithm", "grpo", "--step3-args", "--data_path {tmp}/a.jsonl"], ["sft", "reward", "rl"], None, None, ""),
+])
+def test_an_algorithm_takes_its_best_measured_recipe_on_data_with_a_checker(argv, stages, judge, reward_fn, notice,
+                                                                            tmp_path, capsys):
+    write_rows(tmp_path, "a.jsonl")
+    stage_commands, _ = commands(*(arg.replace("{tmp}", str(tmp_path)) for arg in argv))
+    out = capsys.readouterr().out
+    assert list(stage_commands) == stages
+    pairs = [command for name, command in stage_commands.items() if name.startswith("pairs")]
+    assert all(flag(command, "--reward_fn") == judge for command in pairs)
+    assert flag(stage_commands.get("rl", []), "--reward_fn") == reward_fn
+    if notice:
+        assert notice in out and len(out.splitlines()) == 1
+        assert out.rstrip().endswith(("--pair-judge none opts out", "--reward-fn none opts out"))
+    else:
+        assert out == ""
+
+
+def test_an_opt_out_with_pair_rounds_is_refused():
+    with pytest.raises(ConfigError, match="--pair-rounds repeats --pair-judge's sampling and DPO: it needs "
+                                          "--algorithm dpo and --pair-judge"):
+        train.parse_args(["--algorithm", "dpo", "--pair-judge", "none", "--pair-rounds", "2"])
+
+
+# ---------------------------------------------------------------------- sampled pairs and rounds
 @pytest.mark.parametrize("algorithm, step2", [("dpo", "dpo"), ("ppo", "reward"), ("grpo", "reward")])
 def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads_them_whole(algorithm, step2, tmp_path,
                                                                                             monkeypatch):
@@ -179,7 +325,7 @@ def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads
                                           "--data-path", "a.jsonl", "--seed", "7", "--resume")
     assert list(stage_commands)[:3] == ["sft", "pairs", step2]
     pairs = stage_commands["pairs"]
-    assert pairs[:2] == [sys.executable, str(Path(train.__file__).parent / "inference" / "sample_pairs.py")]
+    assert pairs[:2] == [sys.executable, str(ROOT / "inference" / "sample_pairs.py")]
     text = shlex.join(pairs)
     recipe = shlex.join(recipe_flags("tiny", "pairs"))
     assert recipe and f"{recipe} --model_name_or_path out/actor-models/tiny --reward_fn builtin --output_dir " \
@@ -195,36 +341,56 @@ def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads
 
 
 def test_pair_rounds_sample_each_round_from_the_round_before_and_the_last_round_is_evaluated():
+    from training.recipes import recipe_flags
     from utils.data.sampled_pairs import PAIRS_DATA_SPLIT
 
     stage_commands, evaluation = commands("--algorithm", "dpo", "--pair-judge", "builtin", "--pair-rounds", "3")
     assert list(stage_commands) == ["sft", "pairs", "dpo", "pairs@2", "dpo@2", "pairs@3", "dpo@3"]
-
-    def flag(stage, name):
-        command = stage_commands[stage]
-        return command[command.index(name) + 1]
-
-    assert [(flag(stage, "--model_name_or_path"), flag(stage, "--output_dir"))
-            for stage in ("pairs", "pairs@2", "pairs@3")] == [
+    assert [(flag(stage_commands[stage], "--model_name_or_path"), flag(stage_commands[stage], "--output_dir"))
+            for stage in ("pairs", "dpo", "pairs@2", "dpo@2", "pairs@3", "dpo@3")] == [
         ("out/actor-models/tiny", "out/sampled-pairs/tiny"),
+        ("out/actor-models/tiny", "out/dpo-models/tiny-round1"),
         ("out/dpo-models/tiny-round1", "out/sampled-pairs/tiny-round2"),
-        ("out/dpo-models/tiny-round2", "out/sampled-pairs/tiny-round3")]
-    assert [stage_commands[stage][2:5] for stage in ("dpo", "dpo@2", "dpo@3")] == [  # output, ZeRO stage, start
-        ["out/dpo-models/tiny-round1", "0", "out/actor-models/tiny"],
-        ["out/dpo-models/tiny-round2", "0", "out/dpo-models/tiny-round1"],
-        ["out/dpo-models/tiny", "0", "out/dpo-models/tiny-round2"]]
-    from training.recipes import recipe_flags
-
+        ("out/dpo-models/tiny-round1", "out/dpo-models/tiny-round2"),
+        ("out/dpo-models/tiny-round2", "out/sampled-pairs/tiny-round3"),
+        ("out/dpo-models/tiny-round2", "out/dpo-models/tiny")]
     recipe = shlex.join(recipe_flags("tiny", "dpo") + recipe_flags("tiny", "dpo_pairs"))  # the second wins
     for stage, pairs in (("dpo", "tiny"), ("dpo@2", "tiny-round2"), ("dpo@3", "tiny-round3")):
         text = shlex.join(stage_commands[stage])
         assert recipe_flags("tiny", "dpo_pairs") and recipe in text
         assert text.endswith(f"--data_path out/sampled-pairs/{pairs} --data_split {PAIRS_DATA_SPLIT}")
         assert "--ref_model_name_or_path" not in text  # each round's reference: the actor it starts from
-    assert evaluation[evaluation.index("--model_name_or_path_baseline") + 1] == "out/actor-models/tiny"
-    assert evaluation[evaluation.index("--model_name_or_path_finetune") + 1] == "out/dpo-models/tiny"
+    assert flag(evaluation, "--model_name_or_path_baseline") == "out/actor-models/tiny"
+    assert flag(evaluation, "--model_name_or_path_finetune") == "out/dpo-models/tiny"
     step_2, _ = commands("--algorithm", "dpo", "--pair-judge", "builtin", "--pair-rounds", "2", "--step", "2")
     assert list(step_2) == ["pairs", "dpo", "pairs@2", "dpo@2"]  # every round is step 2
+
+
+@pytest.mark.parametrize("step2_args, named", [
+    ("--beta 0.2 --output_dir {tmp}/dpo", "--output_dir"),
+    ("--output_dir={tmp}/dpo", "--output_dir"),  # argparse's `=` form
+    ("--output_d {tmp}/dpo", "--output_dir"),  # an abbreviation argparse resolves
+    ("--model_name_or_p={tmp}/actor", "--model_name_or_path"),
+    ("--data_pa {tmp}/pairs", "--data_path"),
+])
+def test_pair_rounds_refuse_step_2_flags_that_set_a_rounds_start_output_or_pairs_as_the_step_reads_them(
+        step2_args, named, tmp_path, capsys):
+    code, _, err = run_main(["--output-dir", str(tmp_path / "out"), "--algorithm", "dpo", "--pair-rounds", "2",
+                             f"--step2-args={step2_args.replace('{tmp}', str(tmp_path))}", "--dry-run"], capsys)
+    assert code == 2
+    assert error_lines(err) == [
+        f"error: --step2-args {named}: with --pair-rounds train.py sets it for each round (its start, its output, its "
+        "pairs)"]
+
+
+def test_pair_rounds_take_other_step_2_flags_and_refuse_ones_the_step_refuses():
+    args = train.parse_args(["--output-dir", "out", "--algorithm", "dpo", "--pair-rounds", "2", "--step2-args",
+                             "--beta=0.2 --data_split 1,1 --ref_model_name_or_path tiny"])
+    check_round_flags(args, plan(args))  # the reference of every round, as OpenRLHF's loop: allowed
+    args = train.parse_args(["--output-dir", "out", "--algorithm", "dpo", "--pair-rounds", "2", "--step2-args",
+                             "--beta -1"])
+    with pytest.raises(ConfigError, match=r"^--step2-args --beta -1: --beta must be positive"):
+        check_round_flags(args, plan(args))
 
 
 def test_sampled_pairs_come_before_step_2_when_step_1_cannot_run(tmp_path, monkeypatch):
@@ -232,20 +398,101 @@ def test_sampled_pairs_come_before_step_2_when_step_1_cannot_run(tmp_path, monke
     write_rows(tmp_path, "questions.jsonl", answered=False)
     stage_commands, _ = commands("--algorithm", "dpo", "--pair-judge", "builtin", "--data-path", "questions.jsonl")
     assert list(stage_commands) == ["pairs", "dpo"]
-    pairs = stage_commands["pairs"]
-    assert pairs[pairs.index("--model_name_or_path") + 1] == "tiny"  # the base model's own answers
+    assert flag(stage_commands["pairs"], "--model_name_or_path") == "tiny"  # the base model's own answers
+
+
+def dry_run(*argv, env=None):
+    result = subprocess.run([sys.executable, "train.py", "--dry-run", *argv], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
 
 
 def test_dry_run_shows_the_sampled_pairs_between_step_1_and_step_2(tmp_path):
-    result = subprocess.run([sys.executable, "train.py", "--dry-run", "--algorithm", "dpo", "--pair-judge", "builtin",
-                             "--output-dir", str(tmp_path / "out")], cwd=Path(train.__file__).parent,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    lines = dry_run("--algorithm", "dpo", "--pair-judge", "builtin", "--output-dir", str(tmp_path / "out"))
     assert [("step1_supervised_finetuning/main.py" in line, "sample_pairs.py" in line, "step2_dpo" in line,
              "prompt_eval.py" in line) for line in lines] == [(True, False, False, False), (False, True, False, False),
                                    (False, False, True, False), (False, False, False, True)]
     assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_dry_run_of_dpo_on_the_builtin_task_says_which_default_it_took_then_shows_four_rounds(tmp_path):
+    lines = dry_run("--algorithm", "dpo", "--output-dir", str(tmp_path / "out"))
+    assert lines[0] == ("--algorithm dpo takes --pair-judge builtin --pair-rounds 4 by default on data with a "
+                        "checker (the best measured recipe); --pair-judge none opts out")
+    assert sum("sample_pairs.py" in line for line in lines) == 4 and sum("step2_dpo" in line for line in lines) == 4
+    assert f"--output_dir {tmp_path}/out/dpo-models/tiny " in lines[-2] and "prompt_eval.py" in lines[-1]
+
+
+def test_eval_prompts_and_samples_reach_the_closing_evaluation_after_the_recipe(tmp_path):
+    lines = dry_run("--step", "1", "--eval-prompts", "50", "--eval-samples", "2", "--output-dir", str(tmp_path))
+    assert "prompt_eval.py" in lines[-1]
+    evaluation = shlex.split(lines[-1])
+    assert flag(evaluation, "--num_prompts") == "50" and flag(evaluation, "--samples_per_prompt") == "2"
+    _, default = commands("--step", "1")
+    assert "--num_prompts" not in default and flag(default, "--samples_per_prompt") == "4"  # every prompt, 4 answers
+    _, smollm2 = commands("--actor-model", "smollm2-135m", "--step", "1", "--eval-samples", "3")
+    assert flag(smollm2, "--samples_per_prompt") == "3" and flag(smollm2, "--num_prompts") == "200"  # the recipe's
+    with pytest.raises(ConfigError, match="^--eval-prompts must be at least 1, not 0$"):
+        commands("--eval-prompts", "0")
+
+
+def test_a_stage_that_drops_rows_or_steps_says_so_on_train_pys_output(tmp_path):
+    """A real step 1 on a local folder whose train split has overlong rows, and more --max_steps than one epoch
+    gives: its WARNING lines and skipped counts, written to its log, are printed by train.py too, and the report
+    counts the rows and steps."""
+    data = tmp_path / "data"
+    rows = [{"prompt": f"What is {i} + 1?", "completion": f" {i + 1}"} for i in range(32)]
+    long = [{"prompt": f"Tell me about {i}.", "completion": " a very long answer indeed" * 12} for i in range(8)]
+    write_jsonl(data / "train.jsonl", rows + long), write_jsonl(data / "eval.jsonl", rows[:8])
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "train.py", "--step", "1", "--no-eval", "--output-dir", str(out), "--data-path", str(data),
+         "--data-split", "1", "--step1-args", f"--max_seq_len 40 --max_steps 50 --num_train_epochs 1 "
+         f"--per_device_train_batch_size 8 --per_device_eval_batch_size 8 --data_output_path {tmp_path / 'cache'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    said = lines[lines.index(next(line for line in lines if line.startswith("---- step 1"))) + 1:
+                 lines.index(next(line for line in lines if line.startswith("step 1 done")))]
+    assert said == ["phase 1 train: 32 samples (skipped: 8 longer than --max_seq_len with its EOS)",
+                    said[1], "WARNING: 50 steps asked, 1 epochs of the data give only 4 (4 an epoch); raise "
+                             "--num_train_epochs to train them all"]
+    assert said[1].startswith("WARNING: --max_seq_len 40 dropped 8 of 40 rows of phase 1 train (20%)")
+    assert all(line in (out / "actor-models" / "tiny" / "training.log").read_text() for line in said)
+    assert "| 1 SFT | rows kept (train / eval) | 32 of 40 / 8 of 8 |" in lines
+    assert "| 1 SFT | optimizer steps | 4 of 50 asked (1 epochs) |" in lines
+
+
+# ---------------------------------------------------------------------- run scripts and launch.sh
+def launcher_env(**extra):
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("OMP_", "GOMP_", "HOSTFILE"))}
+    return {**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]]),
+            "PYTHON": sys.executable, **extra}
+
+
+@pytest.mark.parametrize("deployment, launcher", [("single_gpu", "--num_gpus 1 "), ("single_node", "--num_gpus "),
+                                                  ("multi_node", "--hostfile /etc/hosts.ds ")])
+def test_each_run_script_passes_its_flags_by_name_to_its_main_py(deployment, launcher):
+    for folder in ("step1_supervised_finetuning", "step2_reward_model_finetuning", "step2_dpo_finetuning",
+                   "step2_kto_finetuning", "step3_rlhf_finetuning"):
+        script = ROOT / "training" / folder / "training_scripts" / deployment / "run.sh"
+        flags = ["--output_dir", "out dir", "--zero_stage", "3", "--beta", "0.2"]
+        result = subprocess.run(["bash", str(script), *flags], capture_output=True, text=True, timeout=60,
+                                env=launcher_env(DRY_RUN="1", HOSTFILE="/etc/hosts.ds"))
+        assert result.returncode == 0, result.stderr
+        line = result.stdout.strip()
+        assert line.startswith("OMP_NUM_THREADS=") and f" deepspeed {launcher}" in line
+        assert line.endswith(f" {ROOT}/training/{folder}/main.py --output_dir out dir --zero_stage 3 --beta 0.2")
+
+
+def test_multi_node_without_a_hostfile_is_one_error_line(tmp_path):
+    script = ROOT / "training" / "step1_supervised_finetuning" / "training_scripts" / "multi_node" / "run.sh"
+    result = subprocess.run(["bash", str(script), "--output_dir", str(tmp_path / "out")], capture_output=True,
+                            text=True, timeout=60, env=launcher_env(HOSTFILE=str(tmp_path / "hostfile")))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: multi_node needs a hostfile: {tmp_path}/hostfile does not exist (set " \
+                                    "HOSTFILE)"
 
 
 def test_run_scripts_use_the_interpreter_train_py_runs(tmp_path):
@@ -265,7 +512,7 @@ def test_run_scripts_use_the_interpreter_train_py_runs(tmp_path):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("OMP_", "GOMP_", "PYTHON"))}
     env["PATH"] = os.pathsep.join([str(wrong), env["PATH"]])
     result = subprocess.run([str(own / "chatrlhf-python"), "train.py", "--dry-run", "--step", "1", "--no-eval"],
-                            cwd=Path(train.__file__).parent, env=env, capture_output=True, text=True, timeout=120)
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "wrong python" not in result.stderr
     assert result.stdout.startswith("OMP_NUM_THREADS="), result.stdout  # the probe ran
@@ -277,14 +524,88 @@ def test_smollm2_on_reasoning_gym_data_takes_its_data_recipe_in_every_stage_and_
     stage_commands, evaluation = commands("--actor-model", "smollm2-135m", "--data-path", spec, "--algorithm",
                                           "grpo", "--reward-fn", "reasoning_gym")
     assert list(stage_commands) == ["sft", "rl"]
-
-    def last(command, flag):  # argparse keeps a flag's last value
-        return command[len(command) - 1 - command[::-1].index(flag) + 1]
-
-    assert last(stage_commands["sft"], "--max_seq_len") == "auto"
+    assert flag(stage_commands["sft"], "--max_seq_len") == "auto"
     rl = stage_commands["rl"]
-    assert last(rl, "--max_answer_seq_len") == last(rl, "--max_prompt_seq_len") == "auto"
-    assert int(last(rl, "--num_samples_per_prompt")) > 1 and int(last(rl, "--eval_interval")) > 0
-    assert last(evaluation, "--max_new_tokens") == "auto" and last(evaluation, "--data_path") == spec
+    assert flag(rl, "--max_answer_seq_len") == flag(rl, "--max_prompt_seq_len") == "auto"
+    assert int(flag(rl, "--num_samples_per_prompt")) > 1 and int(flag(rl, "--eval_interval")) > 0
+    assert flag(evaluation, "--max_new_tokens") == "auto" and flag(evaluation, "--data_path") == spec
     plain, _ = commands("--actor-model", "smollm2-135m")  # the built-in task: the model's recipe alone
-    assert last(plain["sft"], "--max_seq_len") == "64"
+    assert flag(plain["sft"], "--max_seq_len") == "64"
+
+
+# ---------------------------------------------------------------------- an unusable --output-dir
+def never_launched(command, **kwargs):
+    raise AssertionError(f"launched {command}")
+
+
+def test_an_output_dir_that_is_a_file_or_under_one_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """Before: a NotADirectoryError traceback from the first step's mkdir."""
+    monkeypatch.setattr(train, "run_child", never_launched)
+    existing = tmp_path / "existing"
+    existing.write_text("")
+    code, _, err = run_main(["--step", "1", "--output-dir", str(existing)], capsys)
+    assert (code, error_lines(err)) == (2, [f"error: --output-dir {existing} is a file, not a folder"])
+    code, _, err = run_main(["--step", "1", "--output-dir", str(existing / "out")], capsys)
+    assert (code, error_lines(err)) == (2, [f"error: --output-dir {existing}/out: cannot make the folder (Not a "
+                                            f"directory: {existing}/out)"])
+
+
+def test_an_output_dir_that_cannot_be_made_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """Before: a PermissionError traceback from the first step's mkdir (as a read-only parent gives a user who is
+    not root)."""
+    monkeypatch.setattr(train, "run_child", never_launched)
+    out = tmp_path / "read-only" / "out"
+    real_mkdir = pathlib.Path.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if path == out or out in path.parents:
+            raise PermissionError(13, "Permission denied", str(out))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+    code, _, err = run_main(["--step", "1", "--output-dir", str(out)], capsys)
+    assert (code, error_lines(err)) == (2, [f"error: --output-dir {out}: cannot make the folder (Permission denied: "
+                                            f"{out})"])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only folder")
+def test_an_output_dir_in_a_read_only_folder_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(train, "run_child", never_launched)
+    parent = tmp_path / "read-only"
+    parent.mkdir(mode=0o500)
+    code, _, err = run_main(["--step", "1", "--output-dir", str(parent / "out")], capsys)
+    assert code == 2 and error_lines(err)[0].startswith(f"error: --output-dir {parent}/out: cannot make the folder (")
+
+
+# ---------------------------------------------------------------------- KTO, ORPO and GSPO end to end
+STAGE_ARGS = {"kto": "--max_steps 4 --per_device_train_batch_size 8 --per_device_eval_batch_size 16 --print_interval 1",
+              "orpo": "--max_steps 4 --per_device_train_batch_size 8 --per_device_eval_batch_size 16 --eval_iters 1 "
+                      "--print_interval 1",
+              "gspo": "--max_steps 2 --per_device_generation_batch_size 2 --per_device_training_batch_size 16 "
+                      "--eval_interval 0"}
+
+
+@pytest.mark.e2e  # each through the launcher, with its closing evaluation: ~2-4 min on a busy 2-core CPU
+@pytest.mark.parametrize("algorithm, step, actor", [("kto", 2, "kto-models/tiny"), ("orpo", 2, "orpo-models/tiny"),
+                                                    ("gspo", 3, "step3-models/tiny/actor_ema")])
+def test_kto_orpo_and_gspo_run_end_to_end_on_the_built_in_task(algorithm, step, actor, tmp_path):
+    """Each with its defaults on the built-in task (KTO on the step-1 actor's answers judged by the checker, here
+    a few; GSPO on the checker; ORPO from the base model, no step 1), a few steps, then the closing evaluation."""
+    out, data = tmp_path / "out", f"--data_output_path {tmp_path / 'data'}"
+    step1 = f"--max_steps 30 --per_device_train_batch_size 16 --learning_rate 3e-3 --print_interval 10 {data}"
+    command = [sys.executable, "train.py", "--algorithm", algorithm, "--output-dir", str(out), "--step1-args", step1,
+               f"--step{step}-args", f"{STAGE_ARGS[algorithm]} {data}"]
+    command += ["--pair-prompts", "16", "--pair-samples", "4"] if algorithm == "kto" else []
+    result = subprocess.run(command, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                            text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ran = [line.split("(")[1].split(")")[0] for line in result.stdout.splitlines() if line.startswith("---- step")]
+    assert ran == {"kto": ["sft", "pairs", "kto"], "orpo": ["orpo"], "gspo": ["sft", "rl"]}[algorithm]
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out / actor)  # the trained actor loads
+    evaluation = json.loads((out / "evaluation.json").read_text())
+    assert {"all", "add"} <= set(evaluation["finetune"]["sampled"]) and "all" in evaluation["baseline"]["greedy"]
+    assert "| after (fine-tuned) | sampled |" in (out / "report.md").read_text()

@@ -1,6 +1,8 @@
-# Sourced by every training_scripts/<deployment>/run.sh: one place for how a step is launched.
+# How a step is launched, in one place: every training_scripts/<deployment>/run.sh runs
 #
-#   launch <deployment> <main.py> [main.py flags...]
+#   bash training/launch.sh <deployment> <main.py> [main.py flags...]
+#
+# (sourced, it defines the function `launch <deployment> <main.py> [main.py flags...]`)
 #
 # single_gpu  one process (one GPU; on a CPU-only machine, one CPU process)
 # single_node every GPU of this machine (NUM_GPUS to choose; on a CPU-only machine, 2 processes over gloo)
@@ -43,7 +45,9 @@ launch() {
     done
     local port=${MASTER_PORT:-$("${PYTHON:-python}" -c \
         'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}
-    local cmd=(deepspeed "${launcher_args[@]}" --master_port "$port" "$@")
+    local main=$1; shift
+    if [ -f "$main" ]; then main="$(cd "$(dirname "$main")" && pwd)/$(basename "$main")"; fi  # run.sh's ../../main.py
+    local cmd=(deepspeed "${launcher_args[@]}" --master_port "$port" "$main" "$@")
     if [ -n "${DRY_RUN:-}" ]; then
         echo "$omp${cmd[*]}"
     else
@@ -51,3 +55,8 @@ launch() {
         "${cmd[@]}"
     fi
 }
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then  # run, not sourced
+    set -euo pipefail
+    launch "$@"
+fi

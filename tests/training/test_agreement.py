@@ -89,7 +89,8 @@ def run_step(step, tmp_path, name, deployment, zero_stage, micro_batch, accumula
              "--max_seq_len", "64", "--learning_rate", "1e-3", "--num_warmup_steps", "0", "--print_interval", "1",
              "--dtype", "fp32", "--enable_tensorboard", "--tensorboard_path", str(tensorboard)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    result = subprocess.run(["bash", str(script), str(out), str(zero_stage), "tiny", *flags], cwd=ROOT, env=env,
+    result = subprocess.run(["bash", str(script), "--output_dir", str(out), "--zero_stage", str(zero_stage),
+                             "--model_name_or_path", "tiny", *flags], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     processes = 2 if deployment == "single_node" else 1

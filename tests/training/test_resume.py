@@ -21,6 +21,7 @@ STEP1 = REPO / "training" / "step1_supervised_finetuning"
 STEP2 = REPO / "training" / "step2_reward_model_finetuning"
 STEP3 = REPO / "training" / "step3_rlhf_finetuning"
 DPO = REPO / "training" / "step2_dpo_finetuning"
+KTO = REPO / "training" / "step2_kto_finetuning"
 SAVED = re.compile(r"saved checkpoint (\S+)")
 
 # --data_split gives each step a small part of the built-in data (about 100 rows), so three epochs take seconds
@@ -32,6 +33,10 @@ STEP2_FLAGS = ["--data_split", "1000,10,1000", "--per_device_train_batch_size", 
                "--print_interval", "10"]
 # DPO from the (untrained) tiny model, its reference scoring each batch.
 DPO_FLAGS = [*STEP2_FLAGS, "--learning_rate", "1e-3", "--beta", "0.5"]
+# KTO likewise, a pair as two labelled answers, the reference and the batch's KL estimate scoring each batch; ORPO:
+# DPO's stage with its reference-free loss.
+KTO_FLAGS = [*STEP2_FLAGS, "--learning_rate", "1e-3", "--beta", "0.5", "--desirable_weight", "1.2"]
+ORPO_FLAGS = [*STEP2_FLAGS, "--learning_rate", "1e-3", "--loss_type", "orpo", "--beta", "0.5"]
 # Step 3 with every piece of PPO state in play: two rounds of generation batches, two PPO epochs (the minibatch
 # shuffler), EMA, the unsupervised loss (its batch cycle), the adaptive KL controller and reward normalisation.
 STEP3_FLAGS = ["--data_split", "1000,1000,5", "--per_device_generation_batch_size", "4",
@@ -133,6 +138,13 @@ def test_dpo_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
     check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("script, flags", [(KTO, KTO_FLAGS), (DPO, ORPO_FLAGS)], ids=["kto", "orpo"])
+def test_kto_and_orpo_killed_and_resumed_equal_an_uninterrupted_run(script, flags, tmp_path):
+    main = [sys.executable, str(script / "main.py"), *flags, "--data_output_path", str(tmp_path / "data")]
+    check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
+
+
 def test_step3_killed_and_resumed_equals_an_uninterrupted_run(step3_model_dirs, tmp_path):
     actor_dir, critic_dir = step3_model_dirs
     main = [sys.executable, str(STEP3 / "main.py"), "--actor_model_name_or_path", str(actor_dir),
@@ -182,8 +194,10 @@ def test_step1_two_processes_zero2_killed_and_resumed_equals_an_uninterrupted_ru
     flags = [*STEP1_FLAGS, "--max_steps", "30"]  # two ranks share the batches: three epochs are 39 steps
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     data = ["--data_output_path", str(tmp_path / "data")]
-    run_ok(["bash", str(script), str(reference), "2", "tiny", *flags, *data])
-    with_checkpoints = ["bash", str(script), str(resumed), "2", "tiny", *flags, *data, "--save_steps", "5"]
+    run_ok(["bash", str(script), "--output_dir", str(reference), "--zero_stage", "2", "--model_name_or_path", "tiny",
+            *flags, *data])
+    with_checkpoints = ["bash", str(script), "--output_dir", str(resumed), "--zero_stage", "2", "--model_name_or_path",
+                        "tiny", *flags, *data, "--save_steps", "5"]
     _, checkpoint = run_until_checkpoint_then_kill(with_checkpoints)
     assert {"position_rank0.json", "position_rank1.json"} <= {p.name for p in Path(checkpoint).iterdir()}
     log = run_ok([*with_checkpoints, "--resume"])

@@ -145,8 +145,8 @@ def check_saved_model(out, eval_pairs):
 
 def launch(tmp_path, deployment, zero_stage, max_steps, timeout):
     out = tmp_path / "rm"
-    result = run(["bash", str(STEP_DIR / "training_scripts" / deployment / "run.sh"), str(out), str(zero_stage),
-                  "tiny", "--max_steps", str(max_steps), "--per_device_train_batch_size", "32", "--max_seq_len",
+    result = run(["bash", str(STEP_DIR / "training_scripts" / deployment / "run.sh"), "--output_dir", str(out),
+                  "--zero_stage", str(zero_stage), "--model_name_or_path", "tiny", "--max_steps", str(max_steps), "--per_device_train_batch_size", "32", "--max_seq_len",
                   "64", "--eval_iters", "4", "--per_device_eval_batch_size", "16", "--print_interval", "10",
                   # fp32: the saved folder, loaded in fp32, must reproduce the run's own scores to 1e-4 (a bf16 run,
                   # auto on a CPU with native bf16, scores in bf16 arithmetic: ~1e-3 apart).

@@ -20,8 +20,11 @@ SMALL_FLAGS = ["--max_steps", "2", "--per_device_generation_batch_size", "4", "-
 
 def run_step3(deployment, model_dirs, actor_stage, critic_stage, out_dir, *flags, timeout=600):
     actor_dir, critic_dir = model_dirs
-    command = ["bash", str(STEP3 / "training_scripts" / deployment / "run.sh"), str(actor_dir), str(critic_dir),
-               str(actor_stage), str(critic_stage), str(out_dir), *SMALL_FLAGS,
+    command = ["bash", str(STEP3 / "training_scripts" / deployment / "run.sh"),
+               "--actor_model_name_or_path", str(actor_dir),
+               *(["--critic_model_name_or_path", str(critic_dir)] if critic_dir else []),
+               "--actor_zero_stage", str(actor_stage), "--critic_zero_stage", str(critic_stage),
+               "--output_dir", str(out_dir), *SMALL_FLAGS,
                "--data_output_path", str(out_dir.parent / "data_files"), *flags]
     result = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
                             timeout=timeout)
@@ -63,6 +66,8 @@ def check_outputs(out_dir, model_dirs, tokenizer, with_ema=False):
                 "eos_fraction_end", "wall_time_s"):
         assert isinstance(metrics[key], (int, float)) and math.isfinite(metrics[key]), key
     assert 1 <= metrics["answer_length_end"] <= 8
+    # The prompts read and kept, and the step budget (utils/trainer/engine.py step_budget), as steps 1 and 2 write.
+    assert 0 < metrics["train_rows_kept"] <= metrics["train_rows_read"] and metrics["total_steps"] == 2
     # Each learning-rate schedule is as long as the optimizer steps its model took.
     assert metrics["actor_optimizer_steps"] == metrics["actor_scheduled_steps"]
     assert metrics["critic_optimizer_steps"] == metrics["critic_scheduled_steps"]

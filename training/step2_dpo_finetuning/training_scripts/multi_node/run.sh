@@ -1,11 +1,4 @@
 #!/usr/bin/env bash
-# Step 2 (DPO), multi_node deployment.
-# Usage: run.sh [OUTPUT_DIR] [ZERO_STAGE] [STEP1_ACTOR] [more main.py flags...]
-set -euo pipefail
-STEP_DIR=$(cd "$(dirname "$0")/../.." && pwd)
-source "$STEP_DIR/../launch.sh"
-OUTPUT=${1:-./output/dpo-models/tiny}
-ZERO_STAGE=${2:-2}
-ACTOR=${3:-./output/actor-models/tiny}
-shift $(( $# < 3 ? $# : 3 ))
-launch multi_node "$STEP_DIR/main.py" --model_name_or_path "$ACTOR" --zero_stage "$ZERO_STAGE" --output_dir "$OUTPUT" "$@"
+# Step 2 (DPO), multi_node deployment (the hosts of $HOSTFILE); every flag goes to main.py (training/launch.sh):
+#   bash run.sh --model_name_or_path STEP1_ACTOR --zero_stage N --output_dir OUT [more main.py flags...]
+exec bash "$(dirname "$0")/../../../launch.sh" multi_node "$(dirname "$0")/../../main.py" "$@"

@@ -1,14 +1,5 @@
 #!/usr/bin/env bash
-# Step 3 (PPO), single_gpu deployment.
-
-set -euo pipefail
-STEP_DIR=$(cd "$(dirname "$0")/../.." && pwd)
-source "$STEP_DIR/../launch.sh"
-ACTOR=${1:?actor model path (step 1 output)}
-CRITIC=${2?critic/reward model path (step 2 output), or "" for critic-free RL on a reward function}
-ACTOR_ZERO_STAGE=${3:-0}
-CRITIC_ZERO_STAGE=${4:-0}
-OUTPUT=${5:-./output/step3-models/tiny}
-shift $(( $# < 5 ? $# : 5 ))
-launch single_gpu "$STEP_DIR/main.py" --actor_model_name_or_path "$ACTOR" ${CRITIC:+--critic_model_name_or_path "$CRITIC"} \
-    --actor_zero_stage "$ACTOR_ZERO_STAGE" --critic_zero_stage "$CRITIC_ZERO_STAGE" --output_dir "$OUTPUT" "$@"
+# Step 3 (RL), single_gpu deployment (one process); every flag goes to main.py (training/launch.sh):
+#   bash run.sh --actor_model_name_or_path ACTOR --critic_model_name_or_path REWARD_MODEL
+#     --actor_zero_stage N --critic_zero_stage N --output_dir OUT [more main.py flags...]
+exec bash "$(dirname "$0")/../../../launch.sh" single_gpu "$(dirname "$0")/../../main.py" "$@"

@@ -1,0 +1,354 @@
+"""The registry of train.py's algorithms, the stages they run, and the command of each run.
+
+A stage (STAGES) is a step's main.py, run by `training/<folder>/training_scripts/<deployment>/run.sh` under the
+`deepspeed` launcher, or a one-process script; its flags name the models it starts from, its output folder and its
+ZeRO stages. An algorithm (ALGORITHMS) is one row: the stages it runs, the recipe keys and flags it adds to its own
+stage (its last), and the flags it takes by default where the data has a checker. Every critic-free estimator of
+utils/rl/estimators.py is an algorithm of the same name; another algorithm on an estimator is one more row (GSPO:
+the grpo estimator with `--policy_loss gspo`).
+
+--pair-judge adds a stage to step 2 that samples its pairs from the actor's own answers; with --pair-rounds N the
+stages marked `repeats` run N times, each round from the actor the round before trained ("dpo@2": round 2's DPO).
+"""
+import contextlib
+import importlib
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from training.recipes import recipe_flags
+from utils.rl.estimators import CRITIC_FREE, ESTIMATORS
+from utils.runtime.errors import ConfigError, DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_SCRIPT = ROOT / "training" / "step1_supervised_finetuning" / "prompt_eval.py"
+# Sampled answers per held-out prompt in the closing evaluation: one per prompt leaves a standard error of about
+# 0.02 on a 400-prompt mean checker score, as large as the differences the evaluation is there to show (a recipe's
+# "eval" flags, then train.py's --eval-samples, set another number).
+EVAL_SAMPLES_PER_PROMPT = 4
+# What train.py sets anew for each round of --pair-rounds: the actor it starts from, its output, its pairs.
+ROUND_FLAGS = ("model_name_or_path", "output_dir", "data_path")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training stage of a pipeline."""
+    step: int  # DeepSpeed-Chat's step number: --step N, --stepN-args, part N of --data-split
+    folder: str  # training/<folder>/ holds main.py and training_scripts/<deployment>/run.sh ("" for a script)
+    output: str  # its output folder under --output-dir (then the model's name)
+    trains: str  # "actor" or "reward": the model it trains, whose name labels its output and picks its recipe;
+    # "" trains nothing (labelled by the actor)
+    recipes: tuple  # the keys of its flags in training/recipes.py, in order
+    flags: Callable  # (args, dirs, out) -> {flag: value} naming the models it starts from (dirs: the pipeline's
+    # folders by stage), its output `out` and its ZeRO stages; a value None is left out
+    actor_subdir: str = ""  # where in its output the trained actor is ("" for the folder itself)
+    script: str = ""  # a one-process Python script run instead of a run.sh (its path under the repository)
+    pairs_recipes: tuple = ()  # recipe keys added after `recipes` when it trains on --pair-judge's sampled pairs
+    repeats: str = ""  # "first" or "last": it runs in every round of --pair-rounds, round k writing to its output
+    # folder + "-round<k>", but the first or last round, which writes where a single round does
+
+
+def _pairs_flags(args, dirs, out):
+    """sample_pairs.py's: the actor that answers, the judge, the output, and the --pair-* flags given."""
+    return {"--model_name_or_path": dirs["sft"], "--reward_fn": args.pair_judge, "--output_dir": out,
+            "--samples_per_prompt": args.pair_samples, "--temperature": args.pair_temperature,
+            "--max_prompts": args.pair_prompts}
+
+
+def _step3_flags(args, dirs, out):
+    """Step 3's: the actor, the critic (the reward model it starts from; none for critic-free RL on a reward
+    function, which then gets --reward_fn), their ZeRO stages, the output."""
+    return {"--actor_model_name_or_path": dirs["sft"], "--critic_model_name_or_path": dirs.get("reward"),
+            "--actor_zero_stage": args.actor_zero_stage, "--critic_zero_stage": args.reward_zero_stage,
+            "--output_dir": out, "--reward_fn": args.reward_fn}
+
+
+def _preference_flags(args, dirs, out):
+    """A step-2 stage that trains the actor on preferences (DPO, KTO, ORPO): it starts from the step-1 actor (the
+    base model where step 1 does not run), at the actor's ZeRO stage."""
+    return {"--model_name_or_path": dirs["sft"], "--zero_stage": args.actor_zero_stage, "--output_dir": out}
+
+
+STAGES = {
+    "sft": Stage(1, "step1_supervised_finetuning", "actor-models", "actor", (1,), lambda args, dirs, out: {
+        "--model_name_or_path": args.actor_model, "--zero_stage": args.actor_zero_stage, "--output_dir": out}),
+    "pairs": Stage(2, "", "sampled-pairs", "", ("pairs",), _pairs_flags, script="inference/sample_pairs.py",
+                   repeats="first"),
+    # --reward-from-sft: the reward model starts from the step-1 actor's weights, as InstructGPT's does.
+    "reward": Stage(2, "step2_reward_model_finetuning", "reward-models", "reward", (2,), lambda args, dirs, out: {
+        "--model_name_or_path": dirs["sft"] if args.reward_from_sft else args.reward_model,
+        "--zero_stage": args.reward_zero_stage, "--output_dir": out}),
+    "dpo": Stage(2, "step2_dpo_finetuning", "dpo-models", "actor", ("dpo",), _preference_flags,
+                 pairs_recipes=("dpo_pairs",), repeats="last"),
+    "kto": Stage(2, "step2_kto_finetuning", "kto-models", "actor", ("kto",), _preference_flags),
+    # ORPO is DPO's stage with a reference-free loss (--loss_type orpo) run on the base model.
+    "orpo": Stage(2, "step2_dpo_finetuning", "orpo-models", "actor", ("orpo",), _preference_flags),
+    "ppo": Stage(3, "step3_rlhf_finetuning", "step3-models", "actor", (3,), _step3_flags, actor_subdir="actor"),
+    "rl": Stage(3, "step3_rlhf_finetuning", "step3-models", "actor", (3,), _step3_flags, actor_subdir="actor"),
+}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One --algorithm."""
+    stages: tuple  # its STAGES, in order; the last is its own
+    help: str  # what it runs, for --algorithm's help
+    recipes: tuple = ()  # recipe keys its own stage takes after the stage's
+    flags: tuple = ()  # flags its own stage takes after the stage's (a recipe or --stepN-args may change them)
+    with_checker: tuple = ()  # train.py flags it takes by default where the data has a checker ("{checker}": its
+    # name) and neither --pair-judge nor --reward-fn is given: the best measured recipe (docs/algorithms.md)
+
+
+ALGORITHMS = {
+    "ppo": Algorithm(("sft", "reward", "ppo"), "SFT, reward model, PPO with a critic"),
+    # Four rounds on the actor's own judged answers: +0.16 to +0.175 held-out (sampled) over six seeds, no greedy
+    # skill down by more than 0.005; on the data set's own pairs DPO gains least.
+    "dpo": Algorithm(("sft", "dpo"), "SFT, then DPO (with a checker: iterative, on the actor's judged answers)",
+                     with_checker=("--pair-judge", "{checker}", "--pair-rounds", "4")),
+    # On the checker, no reward model: grpo +0.171 to +0.178 held-out (sampled) over seven seeds.
+    **{name: Algorithm(("sft", "reward", "rl"), f"SFT, a reward model unless --reward-fn, then critic-free RL, "
+                       f"{ESTIMATORS[name].help}", recipes=("grpo",), flags=("--advantage_estimator", name),
+                       with_checker=("--reward-fn", "{checker}"))
+       for name in CRITIC_FREE},
+    "kto": Algorithm(("sft", "kto"), "SFT, then KTO on answers labelled desirable or undesirable (a pair: one of "
+                     "each; with a checker: the actor's judged answers)", with_checker=("--pair-judge", "{checker}")),
+    "orpo": Algorithm(("orpo",), "ORPO from the base model: SFT and the preference in one stage, no step 1, no "
+                      "reference", flags=("--loss_type", "orpo")),
+    # GSPO: the grpo estimator with one clipped ratio per answer, averaged over answers as the paper's objective.
+    "gspo": Algorithm(("sft", "reward", "rl"), "SFT, a reward model unless --reward-fn, then GSPO: the grpo "
+                      "estimator with a sequence-level importance ratio (--policy_loss gspo)", recipes=("grpo", "gspo"),
+                      flags=("--advantage_estimator", "grpo", "--policy_loss", "gspo", "--loss_agg_mode",
+                             "seq_mean_token_mean", "--cliprange_low", "3e-4", "--cliprange_high", "4e-4"),
+                      with_checker=("--reward-fn", "{checker}")),
+}
+
+
+def data_checker(data_paths):
+    """The reward function that is the data's own checker (utils/rl/reward_fns.py): builtin for the built-in task
+    (the default data), reasoning_gym for one reasoning-gym spec; None for other data or a mix."""
+    from inference.evaluation import has_checker  # loads transformers: --help and flag errors answer first
+
+    paths = data_paths or ["builtin"]
+    if not has_checker(paths):
+        return None
+    return "builtin" if set(paths) == {"builtin"} else "reasoning_gym" if len(paths) == 1 else None
+
+
+def checker_defaults(args, data_set_by_step):
+    """The flags --algorithm takes by default (its `with_checker`) where neither --pair-judge nor --reward-fn is
+    given and the data has a checker (not where a --stepN-args sets a step's data); [] otherwise."""
+    row = ALGORITHMS[args.algorithm]
+    if not row.with_checker or args.pair_judge or args.reward_fn or data_set_by_step:
+        return []
+    checker = data_checker(args.data_path)
+    return [flag.format(checker=checker) for flag in row.with_checker] if checker else []
+
+
+@dataclass(frozen=True)
+class Run:
+    """A stage as one pipeline runs it."""
+    name: str  # its key for folders, wall times and the report: the stage's, "<stage>@<k>" in round k > 1
+    stage: str  # its STAGES name
+    dirs: dict  # {stage: folder} as it sees them: its own output, and in round k > 1 of --pair-rounds the round's
+    # folders, "sft" (the actor it starts from) being the actor round k - 1 trained
+    round: int = 1
+
+    @property
+    def spec(self):
+        return STAGES[self.stage]
+
+    @property
+    def output(self):
+        return self.dirs[self.stage]
+
+    def flags(self, args):
+        """Its Stage's flags: {flag: value as text}, without the None ones."""
+        flags = self.spec.flags(args, self.dirs, self.output)
+        return {flag: str(value) for flag, value in flags.items() if value is not None}
+
+
+def plan(args):
+    """Every run of the pipeline, whichever --step runs, in order: the algorithm's stages, less the reward model
+    where a reward function replaces it and step 1 where the data has no answers to imitate; with --pair-judge the
+    sampled pairs first in step 2; with --pair-rounds N the `repeats` stages again for rounds 2 to N."""
+    names = [name for name in ALGORITHMS[args.algorithm].stages
+             if not (STAGES[name].trains == "reward" and args.reward_fn)]
+    if not has_reference_answers(tuple(args.data_path or ())):
+        names = [name for name in names if STAGES[name].step != 1]
+    if args.pair_judge:
+        names.insert(next(i for i, name in enumerate(names) if STAGES[name].step == 2), "pairs")
+    repeating = [name for name in names if STAGES[name].repeats]
+    rounds = [(name, 1) for name in names] + [(name, k) for k in range(2, args.pair_rounds + 1) for name in repeating]
+
+    def run_name(name, k):
+        return name if k == 1 else f"{name}@{k}"
+
+    folders = {run_name(name, k): Path(args.output_dir) / STAGES[name].output / (model_label(stage_model(args, name))
+                                                                                 + round_suffix(name, k, args))
+               for name, k in rounds}
+    folders.setdefault("sft", args.actor_model)  # without step 1 the later steps start from the base model
+    actor = next((name for name in repeating if STAGES[name].trains == "actor"), None)
+    runs = []
+    for name, k in rounds:
+        dirs = folders if k == 1 else {**folders, **{other: folders[run_name(other, k)] for other in repeating},
+                                       "sft": folders[run_name(actor, k - 1)]}
+        runs.append(Run(run_name(name, k), name, dirs, k))
+    return runs
+
+
+def round_suffix(name, k, args):
+    """The output folder's suffix of round k of --pair-rounds: `-round<k>`, but in the round that writes where a
+    single round does (the first for the sampled pairs, the last for the DPO actor)."""
+    repeats = STAGES[name].repeats
+    return f"-round{k}" if repeats and k != (1 if repeats == "first" else args.pair_rounds) else ""
+
+
+def model_label(model):
+    """The folder name of a model's outputs: `facebook/opt-1.3b` -> `opt-1.3b`, `./my/model/` -> `model`."""
+    return Path(model.rstrip("/")).name or "model"
+
+
+def stage_model(args, name):
+    return args.reward_model if STAGES[name].trains == "reward" else args.actor_model
+
+
+def run_inputs(args, run, runs):
+    """The runs whose outputs `run` starts from: those whose folders its flags name."""
+    given = set(run.flags(args).values())
+    return [other for other in runs if other is not run and str(other.output) in given]
+
+
+@lru_cache(maxsize=None)
+def has_reference_answers(data_paths):
+    """Whether the data has answers to imitate: False for prompts alone (a local file of questions, reasoning-gym
+    tasks that any valid solution answers, such as graph_color). Hub data sets, whose reading needs the network,
+    and the built-in task have them. A path that is neither a known name nor an existing file or folder is refused
+    here, before any step starts."""
+    from utils.data.data_utils import get_raw_dataset  # loads datasets: --help and flag errors answer first
+    from utils.data.raw_datasets import HUB_DATASETS
+
+    def read(path):
+        try:
+            return get_raw_dataset(path, seed=1234)
+        except DataError as err:
+            raise DataError(f"--data-path: {err}") from None
+
+    def answered(raw):
+        try:
+            return any(raw.get_chosen(row) is not None for row in raw.get_train_data())
+        except DataError:  # a reasoning-gym spec none of whose tasks has reference answers
+            return False
+
+    paths = data_paths or ("builtin",)
+    readable = [read(path) for path in paths if path not in HUB_DATASETS and path != "builtin"]
+    return len(readable) < len(paths) or any(answered(raw) for raw in readable)
+
+
+def pipeline_flags(args):
+    """The flags every training stage gets from train.py: TensorBoard, checkpoints, the shared data and seed
+    settings."""
+    # Every stage logs under one TensorBoard folder: `tensorboard --logdir <output-dir>/tensorboard`.
+    flags = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
+    flags += ["--save_steps", str(args.save_steps)] if args.save_steps else []
+    flags += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
+    return flags + script_flags(args)
+
+
+def script_flags(args):
+    """The flags every stage gets, scripts included: --resume, the shared data and seed settings."""
+    flags = ["--resume"] if args.resume else []
+    flags += ["--data_path", *args.data_path] if args.data_path else []
+    flags += ["--data_split", args.data_split] if args.data_split else []
+    flags += ["--seed", str(args.seed)] if args.seed is not None else []
+    return flags
+
+
+def step_command(args, run):
+    """The command of one run. A step: `bash run.sh` with its Stage's flags and its algorithm's, its recipe, the
+    pipeline-wide flags, step 2's sampled pairs (the round's folder, whole), then the user's --stepN-args (last, so
+    they win). A script: `python <script>`, its recipe, its flags (after the recipe's, so they win), then the
+    pipeline-wide data flags."""
+    from utils.data.sampled_pairs import PAIRS_DATA_SPLIT  # loads datasets: --help and flag errors answer first
+
+    spec, algorithm = run.spec, ALGORITHMS[args.algorithm]
+    own = algorithm if run.stage == algorithm.stages[-1] else Algorithm((), "")
+    flags = [item for pair in run.flags(args).items() for item in pair] + list(own.flags)
+    keys = spec.recipes + (spec.pairs_recipes if args.pair_judge else ()) + own.recipes
+    recipe = [flag for key in keys for flag in recipe_flags(stage_model(args, run.stage), key, args.data_path)]
+    if spec.script:
+        return [sys.executable, str(ROOT / spec.script), *recipe, *flags, *script_flags(args)]
+    script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
+    pairs = ["--data_path", str(run.dirs["pairs"]), "--data_split", PAIRS_DATA_SPLIT] \
+        if "pairs" in run.dirs and spec.step == 2 else []
+    return ["bash", str(script), *flags, *recipe, *pipeline_flags(args), *pairs,
+            *shlex.split(getattr(args, f"step{spec.step}_args"))]
+
+
+def check_round_flags(args, runs):
+    """Refuse --stepN-args that set what train.py sets for each round of --pair-rounds (ROUND_FLAGS), as the step
+    reads its flags: `--output_dir=X` and an abbreviation such as `--output_d X` count. Round 2's command is parsed
+    by its step's own parse_args with and without the user's flags."""
+    later = next((run for run in runs if run.round > 1 and not run.spec.script), None)
+    user_flags = shlex.split(getattr(args, f"step{later.spec.step}_args")) if later else []
+    if not user_flags:
+        return
+    command = step_command(args, later)[2:]
+    environ = dict(os.environ)  # importing a step sets its OpenMP defaults, which each launch decides for itself
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's notes on loading, off the printed commands
+            parse = importlib.import_module(f"training.{later.spec.folder}.main").parse_args
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    try:
+        given = parse(command)
+    except ConfigError as err:
+        raise ConfigError(f"--step{later.spec.step}-args {shlex.join(user_flags)}: {err}") from None
+    ours = parse(command[:len(command) - len(user_flags)])
+    changed = [dest for dest in ROUND_FLAGS if getattr(given, dest) != getattr(ours, dest)]
+    if changed:
+        raise ConfigError(f"--step{later.spec.step}-args --{changed[0]}: with --pair-rounds train.py sets it for "
+                          "each round (its start, its output, its pairs)")
+
+
+def actor_dir(args, run):
+    """Where `run` saves the actor it trains: for step 3 with --enable_ema (given or from the recipe), the moving
+    average of its weights (`actor_ema`), which DeepSpeed-Chat recommends as the better model; the evaluation
+    compares that one."""
+    folder = run.output / run.spec.actor_subdir
+    if run.spec.actor_subdir and "--enable_ema" in step_command(args, run):
+        return folder.with_name(folder.name + "_ema")
+    return folder
+
+
+def evaluation_command(args, runs):
+    """Compare the actor before and after the last run of --step that trains it, on the held-out prompts: the
+    step-1 actor (the base model where step 1 cannot run) against the final actor (`actor_dir`), or the base model
+    against the step-1 actor when only step 1 runs. --eval-prompts and --eval-samples, where given, win over the
+    recipe's "eval" flags and EVAL_SAMPLES_PER_PROMPT."""
+    trained = [run for run in runs if run.spec.step in args.step and run.spec.trains == "actor"]
+    if not trained:
+        return None
+    last = trained[-1]
+    if last.spec.step == 1:
+        baseline, finetune, reward = args.actor_model, last.output, []
+    else:
+        baseline, finetune = next((run.output for run in runs if run.spec.step == 1), args.actor_model), \
+            actor_dir(args, last)
+        reward = [flag for run in runs if run.spec.trains == "reward" for flag in ("--reward_model", str(run.output))]
+    from inference.evaluation import has_checker  # loads transformers: --help and flag errors answer first
+
+    if args.reward_fn and not has_checker(args.data_path):  # the RL's own yardstick where the data has none
+        reward += ["--reward_fn", args.reward_fn]
+    data = ["--data_path", *args.data_path] if args.data_path else []
+    asked = {"--num_prompts": args.eval_prompts, "--samples_per_prompt": args.eval_samples}  # last: they win
+    return [sys.executable, str(EVAL_SCRIPT), "--model_name_or_path_baseline", str(baseline),
+            "--model_name_or_path_finetune", str(finetune), *reward, *data,
+            "--samples_per_prompt", str(EVAL_SAMPLES_PER_PROMPT),
+            "--output_json", str(Path(args.output_dir) / "evaluation.json"),
+            *recipe_flags(args.actor_model, "eval", args.data_path),
+            *(str(item) for flag, value in asked.items() if value is not None for item in (flag, value))]
