@@ -24,7 +24,6 @@ alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks 
   10. only when asked (`--sections compile`): step 1's tokens/s and MFU with --compile against without (one engine
       run compiled and eager in alternation), for each of --models, and the seconds the compile took.
 """
-import argparse
 import json
 import os
 import platform
@@ -35,6 +34,9 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import torch
 
+from utils.runtime.errors import ArgumentParser, ConfigError, cli_entry
+from utils.runtime.paths import check_writable_file
+
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
 SECTIONS = ("step1", "rollout", "ppo", "memory", "packing", "groups")
 NOT_QUICK = ("packing", "groups")
@@ -43,7 +45,7 @@ TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_100m": 0.4, "busy_slow
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="Smoke run: the tiny model only, 3 short repeats, two memory runs (step 1, one and "
                              "two processes) started together.")
@@ -59,6 +61,10 @@ def parse_args(argv=None):
                         help=f"Which measurements to run (default: {' '.join(SECTIONS)}, without "
                              f"{' '.join(NOT_QUICK)} with --quick; {' '.join(OPT_IN_SECTIONS)} only when named).")
     args = parser.parse_args(argv)
+    for flag, least in (("repeats", 1), ("warmup", 0), ("threads", 1)):  # refused before minutes of measuring
+        if getattr(args, flag) is not None and getattr(args, flag) < least:
+            raise ConfigError(f"--{flag} must be at least {least}, not {getattr(args, flag)}")
+    check_writable_file("--output", args.output)
     args.repeats = args.repeats or (3 if args.quick else 7)
     args.warmup = 1 if args.warmup is None else args.warmup
     args.sections = args.sections or [s for s in SECTIONS if not (args.quick and s in NOT_QUICK)]
@@ -66,6 +72,7 @@ def parse_args(argv=None):
     return args
 
 
+@cli_entry
 def main(argv=None):
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)

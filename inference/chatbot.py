@@ -14,9 +14,10 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 from inference.generation import generate, load_causal_lm, max_prompt_tokens, tokenize_prompts
 from utils.data.prompting import format_turns
+from utils.data.text_files import check_text, decoded_lines
 from utils.model.model_utils import resolve_model_path
 from utils.model.save import trained_answer_length
-from utils.runtime.args import ArgumentParser
+from utils.runtime.args import ArgumentParser, add_generation_args, check_flag_ranges
 from utils.runtime.dist import quiet_transformers
 from utils.runtime.ds_utils import choose_dtype
 from utils.runtime.errors import ChatRLHFError, cli_entry
@@ -52,6 +53,7 @@ class ChatBot:
         self.seed = seed
         self.conversation = Conversation()
         self.last_prompt = None
+        self.last_hit_limit = False  # whether the last answer stopped at max_new_tokens before its EOS
 
     def build_prompt(self, user):
         """The prompt for `user`'s turn after the history: as many recent turns as fit the context."""
@@ -69,8 +71,10 @@ class ChatBot:
             raise ChatRLHFError("the prompt is empty")
         self.last_prompt = self.build_prompt(user)
         seed = None if self.seed is None else self.seed + len(self.conversation.turns)
-        answer = generate(self.model, self.tokenizer, [self.last_prompt], seed=seed, **self.decoding)[0]
-        answer = self.clean_answer(answer)
+        answers, ended = generate(self.model, self.tokenizer, [self.last_prompt], seed=seed, return_ended=True,
+                                  **self.decoding)
+        self.last_hit_limit = not ended[0]
+        answer = self.clean_answer(answers[0])
         self.conversation.add(user, answer)
         return answer
 
@@ -90,23 +94,15 @@ def parse_args(argv=None):
     parser.add_argument("--path", type=str, required=True,
                         help="A saved actor folder (step 1 or step 3), a base model folder or hub name, or a "
                              "built-in name (tiny, smollm2-135m).")
-    parser.add_argument("--max_new_tokens", type=int, default=None,
-                        help="The longest answer, in tokens (default: the answer length the model was trained to, "
-                             "from its saved settings; else 64).")
-    parser.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature (> 0).")
-    parser.add_argument("--top_p", type=float, default=0.9, help="Nucleus sampling: keep the smallest set of "
-                                                                 "tokens whose probability reaches this.")
-    parser.add_argument("--greedy", action="store_true", help="Take the most likely token instead of sampling.")
-    parser.add_argument("--seed", type=int, default=None, help="Make the sampled answers reproducible.")
     parser.add_argument("--prompt", type=str, default=None, help="Answer this one prompt and exit.")
-    parser.add_argument("--dtype", type=str, default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                        help="auto: bf16 on a CPU with native bf16 (AMX / AVX-512 BF16), fp32 otherwise (said on "
-                             "stderr).")
-    parser.add_argument("--trust_remote_code", action="store_true",
-                        help="Allow the model folder's own Python code to run (off by default).")
     parser.add_argument("--show_prompt", action="store_true",
                         help="Debug: print each full prompt given to the model (with history) on stderr.")
-    return parser.parse_args(argv)
+    add_generation_args(parser, fallback_length=DEFAULT_MAX_NEW_TOKENS, greedy=True, batch_size=False,
+                        covers="the sampled answers (None: different ones each run)")
+    parser.set_defaults(temperature=0.7, top_p=0.9, seed=None)
+    args = parser.parse_args(argv)
+    check_flag_ranges(args)
+    return args
 
 
 @cli_entry
@@ -114,6 +110,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.prompt is not None and not args.prompt.strip():
         raise ChatRLHFError("--prompt is empty")
+    if args.prompt is not None:
+        check_text(args.prompt, "--prompt")  # bytes of the command line that were not UTF-8
     if args.prompt is None and sys.stdin is None:
         raise ChatRLHFError("no --prompt and standard input is closed: pass --prompt TEXT, or the turns on "
                             "standard input")
@@ -145,8 +143,14 @@ def main(argv=None):
 
 
 def stdin_lines():
-    """The lines of standard input as they come; bytes that are not UTF-8 text end the chat in one error line
-    (Python reads them as an error or, under a C locale, as lone surrogates that no tokenizer takes)."""
+    """The lines of standard input as they come; bytes that are not UTF-8 text (UTF-16 is named by its byte-order
+    mark) or a line over MAX_LINE_BYTES end the chat in one error line. Read as bytes, a line at a time
+    (utils.data.text_files): as text, Python would read a 1 GB line whole, and under a C locale take bytes that are
+    not UTF-8 as lone surrogates that no tokenizer takes."""
+    if getattr(sys.stdin, "buffer", None) is not None:
+        for _, line in decoded_lines(sys.stdin.buffer, "standard input"):
+            yield line
+        return
     lines = iter(sys.stdin)
     for number in itertools.count(1):
         try:
@@ -179,9 +183,14 @@ def interactive(bot, show_prompt):
 
 
 def answer_turn(bot, user, show_prompt):
+    """The answer to `user`; on stderr, the prompt with --show_prompt, and a note when the answer was cut at
+    --max_new_tokens (standard output keeps one answer per line)."""
     answer = bot.reply(user)
     if show_prompt:
         print(f"prompt: {bot.last_prompt!r}", file=sys.stderr, flush=True)
+    if bot.last_hit_limit:
+        print(f"(answer cut at --max_new_tokens {bot.decoding['max_new_tokens']} before its end; give a larger "
+              "--max_new_tokens for longer answers)", file=sys.stderr, flush=True)
     return answer
 
 

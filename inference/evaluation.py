@@ -2,9 +2,13 @@
 spec's verifier), an optional reward.
 
 `evaluate_models` serves the step-1 prompt evaluation (baseline vs fine-tuned), the step-3 comparison and the
-quick start; `format_side_by_side` and `format_score_table` print what it returns.
+quick start; `format_side_by_side`, `format_score_table` and `format_answer_stats` print what it returns.
+Beside each score it measures what the answers are (`answer_stats`): how many distinct ones, how often the most
+frequent, how many were cut at the token limit, and the score of the best constant answer, so that a gain made
+by answering one thing to every question shows.
 """
 import json
+from collections import Counter
 from pathlib import Path
 
 from inference.generation import generate, load_causal_lm
@@ -13,9 +17,44 @@ from utils.data.data_utils import get_raw_dataset
 from utils.data.prompting import model_prompt
 from utils.data.raw_datasets import builtin_data_dir
 from utils.data.reasoning_gym_data import gym_data
+from utils.data.text_files import check_text, read_lines
 from utils.runtime.errors import DataError
 
 DECODINGS = ("sampled", "greedy")
+REFERENCE_CANDIDATES = 100
+"""The most frequent reference answers of a group tried as its constant answer (bounds the checker calls)."""
+MODEL_CANDIDATES = 3
+"""The model's own most frequent answers of a group, also tried as its constant answer."""
+COLLAPSED_SHARE = 0.5
+"""A model whose most frequent answer in a group is at least this share of its answers there "gives mostly one
+answer" (format_answer_stats warns when it then scores no better than a constant answer)."""
+
+
+class Checker:
+    """A checker of held-out answers: `checker(prompts, answers) -> {"all": mean score, <group>: mean, ...}`, and
+    `key(prompt) -> (group, reference answer or None)`, each question's group and reference answer (what
+    `answer_stats` tries as constant answers). A plain function `(prompts, answers) -> {"all": ...}` serves as
+    a checker too, without groups or references."""
+
+    def __init__(self, summarize, key):
+        self.summarize, self.key = summarize, key
+
+    def __call__(self, prompts, answers):
+        return self.summarize(prompts, answers)
+
+
+BUILTIN_CHECKER = Checker(task.summarize_scores, task.parse_prompt)
+"""The built-in task's checker: groups its skills, references the expected values."""
+
+
+def gym_checker(verifier):
+    """A reasoning-gym verifier's checker: groups its tasks, references the questions' answers (None for a task
+    whose questions accept any valid solution)."""
+    def key(prompt):
+        item = verifier.item(prompt)
+        return item.task, item.answer
+
+    return Checker(verifier.summarize, key)
 
 
 def builtin_prompts():
@@ -31,8 +70,8 @@ def has_checker(data_paths):
 
 def heldout_set(data_paths, seed=1234):
     """(prompts, checker) of the held-out questions of one or more data paths. `builtin`: the built-in task's
-    held-out prompts, checker None (evaluate_models' default, `task.summarize_scores`: keys "all" and per skill);
-    a `reasoning_gym:` spec: its held-out part, tasks in turn, checker its verifier's `summarize` (keys "all" and
+    held-out prompts, checker None (evaluate_models' default, BUILTIN_CHECKER: keys "all" and per skill);
+    a `reasoning_gym:` spec: its held-out part, tasks in turn, checker its verifier's (gym_checker: keys "all" and
     per task); any other source: the prompts of its eval split (never trained on), no checker (a reward model
     scores them). With several paths the prompts are concatenated and only a lone reasoning-gym spec's checker
     is kept."""
@@ -46,7 +85,7 @@ def heldout_set(data_paths, seed=1234):
 
             data = gym_data(data_path)
             prompts += [item.prompt for item in data.parts["heldout"]]
-            checkers.append(data.verifier.summarize)
+            checkers.append(gym_checker(data.verifier))
         else:
 
             raw = get_raw_dataset(data_path, seed)
@@ -67,15 +106,11 @@ def read_prompts_file(path):
     path = Path(path)
     if path.is_dir():
         raise DataError(f"prompts file {path} is a folder, not a file")
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"prompts file {path} does not exist")
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first prompt
-    except UnicodeDecodeError as err:
-        raise DataError(f"prompts file {path} is not UTF-8 text (byte {err.start})") from None
-    # Lines end at "\n" only (str.splitlines would also split at U+2028, U+0085... inside a prompt).
-    lines = [(number, line.rstrip("\r")) for number, line in enumerate(text.split("\n"), 1)]
-    lines = [(number, line) for number, line in lines if line.strip()]
+    # UTF-8 only (a byte-order mark is not part of the first prompt), a line at a time; lines end at "\n" only
+    # (str.splitlines would also split at U+2028, U+0085... inside a prompt).
+    lines = [(number, line) for number, line in read_lines(path, f"prompts file {path}") if line.strip()]
     if not lines:
         raise DataError(f"prompts file {path} has no prompts")
     if not lines[0][1].lstrip().startswith("{"):
@@ -88,7 +123,7 @@ def read_prompts_file(path):
             raise DataError(f"{path} line {number}: not valid JSON ({err.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"].strip():
             raise DataError(f"{path} line {number}: no non-empty string field 'prompt'")
-        prompts.append(record["prompt"])
+        prompts.append(check_text(record["prompt"], f"{path} line {number}: field 'prompt'"))
     return prompts
 
 
@@ -115,28 +150,32 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     scores are means over all of them: a sampled score from one answer per prompt is noisy.
     reward_fn: optional `reward_fn(prompts, answers) -> list[float]` (e.g. a step-2 reward model); the mean
     is reported as "reward".
-    checker: optional `checker(prompts, answers) -> {"all": mean score, <group>: mean, ...}` (e.g. a reasoning-gym
-    verifier's `summarize`, grouped by task); by default `task.summarize_scores` when every prompt is a built-in
-    task prompt ({"all": mean checker score, "add": ..., per skill present}).
+    checker: optional `checker(prompts, answers) -> {"all": mean score, <group>: mean, ...}`, best a Checker
+    (gym_checker: a reasoning-gym verifier's, grouped by task); by default BUILTIN_CHECKER when every prompt is a
+    built-in task prompt ({"all": mean checker score, "add": ..., per skill present}).
 
-    Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]}}},
-    where scores is the checker's summary (or {} without a checker), plus "reward" when reward_fn is given.
+    Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]},
+    "answer_stats": {"sampled": stats, "greedy": stats}}}, where scores is the checker's summary (or {} without a
+    checker), plus "reward" when reward_fn is given, and stats `answer_stats`' with "hit_limit", the answers cut
+    at "max_new_tokens" before their EOS.
     """
     decodings = ("greedy",) if greedy_only else DECODINGS
     rounds = {decoding: samples_per_prompt if decoding == "sampled" else 1 for decoding in decodings}
     if checker is None and are_task_prompts(prompts):
-        checker = task.summarize_scores
+        checker = BUILTIN_CHECKER
+    constant_scores = {}  # (group, answer) -> score, shared by every model and decoding
     results = {}
     for name, spec in model_specs.items():
         model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
         model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
-        answers = {decoding: generate(model, tokenizer, model_prompts * rounds[decoding],
-                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                      greedy=decoding == "greedy", batch_size=batch_size, seed=seed,
-                                      desc=f"{name} {decoding}")
-                   for decoding in decodings}
+        answers, ended = {}, {}
+        for decoding in decodings:
+            answers[decoding], ended[decoding] = generate(
+                model, tokenizer, model_prompts * rounds[decoding], max_new_tokens=max_new_tokens,
+                temperature=temperature, top_p=top_p, greedy=decoding == "greedy", batch_size=batch_size, seed=seed,
+                desc=f"{name} {decoding}", return_ended=True)
         del model, tokenizer  # a loaded model is freed before the next one (and before reward_fn runs)
-        result = {}
+        result = {"answer_stats": {}}
         for decoding in decodings:
             answered = prompts * rounds[decoding]
             scores = dict(checker(answered, answers[decoding])) if checker else {}
@@ -144,9 +183,90 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
                 rewards = [float(r) for r in reward_fn(answered, answers[decoding])]
                 scores["reward"] = sum(rewards) / len(rewards)
             result[decoding] = scores
+            stats = answer_stats(prompts, answers[decoding], checker, constant_scores)
+            result["answer_stats"][decoding] = {**stats, "hit_limit": ended[decoding].count(False),
+                                                "max_new_tokens": max_new_tokens}
         result["answers"] = answers
         results[name] = result
     return results
+
+
+def answer_stats(prompts, answers, checker=None, constant_scores=None):
+    """What the answers are, per group of questions ("all", then each group of checker.key) and overall:
+
+        distinct_answers     how many different answers (compared stripped)
+        top_answer           the most frequent answer (the first given, on a tie)
+        top_answer_share     the fraction of the answers that are top_answer
+        best_constant        the mean score of the best constant answer: one answer given to every question of the
+                             group, scored by `checker`; tried are the group's reference answers (its
+                             REFERENCE_CANDIDATES most frequent) and the model's MODEL_CANDIDATES most frequent
+                             answers of it; "all": the best one answer to every question, among each group's best
+                             MODEL_CANDIDATES constants and the model's most frequent answers
+        best_constant_answer that answer
+        answers              how many answers
+
+    `answers` answer `prompts` in rounds (answer i answers prompt i % len(prompts)). Without a checker there is
+    no best constant; a checker without `key` has the group "all" alone and no references. `constant_scores`: a
+    dict caching (group, answer) -> score across calls on the same prompts."""
+    constant_scores = {} if constant_scores is None else constant_scores
+    key = getattr(checker, "key", None)
+    keys = [key(prompt) for prompt in prompts] if key else [("all", None)] * len(prompts)
+    groups = {"all": list(range(len(prompts)))}
+    if key:
+        for index, (group, _) in enumerate(keys):
+            groups.setdefault(group, []).append(index)
+    stats = {name: {} for name in ("best_constant", "best_constant_answer", "distinct_answers", "top_answer",
+                                   "top_answer_share")}
+    frequent = {}
+    for group, indices in groups.items():
+        members = set(indices)
+        given = Counter(answer.strip() for i, answer in enumerate(answers) if i % len(prompts) in members)
+        (top, top_count), = given.most_common(1)
+        stats["distinct_answers"][group] = len(given)
+        stats["top_answer"][group] = top
+        stats["top_answer_share"][group] = top_count / sum(given.values())
+        frequent[group] = [answer for answer, _ in given.most_common(MODEL_CANDIDATES)]
+    if checker is None:
+        del stats["best_constant"], stats["best_constant_answer"]
+        return {**stats, "answers": len(answers)}
+
+    def score(group, answer):
+        if (group, answer) not in constant_scores:
+            group_prompts = [prompts[i] for i in groups[group]]
+            constant_scores[group, answer] = float(checker(group_prompts, [answer] * len(group_prompts))["all"])
+        return constant_scores[group, answer]
+
+    best_of_groups = []
+    for group in [group for group in groups if group != "all"] + (["all"] if len(groups) == 1 else []):
+        references = Counter(keys[i][1] for i in groups[group] if keys[i][1] is not None)
+        candidates = dict.fromkeys([answer for answer, _ in references.most_common(REFERENCE_CANDIDATES)]
+                                   + frequent[group])
+        ranked = sorted(candidates, key=lambda answer: -score(group, answer))  # stable: the first on a tie
+        stats["best_constant"][group], stats["best_constant_answer"][group] = score(group, ranked[0]), ranked[0]
+        best_of_groups += ranked[:MODEL_CANDIDATES]
+    if len(groups) > 1:
+        candidates = list(dict.fromkeys(best_of_groups + frequent["all"]))
+        best = max(candidates, key=lambda answer: score("all", answer))
+        stats["best_constant"]["all"], stats["best_constant_answer"]["all"] = score("all", best), best
+    stats = {name: {group: values[group] for group in groups if group in values} for name, values in stats.items()}
+    return {**stats, "answers": len(answers)}
+
+
+def answer_scalars(stats):
+    """answer_stats' figures over all the questions, as numbers (for TensorBoard and step 3's evaluations):
+    best_constant (with a checker), distinct_answers, top_answer_share, hit_limit."""
+    scalars = {name: stats[name]["all"] for name in ("best_constant", "distinct_answers", "top_answer_share")
+               if name in stats}
+    return {**scalars, "hit_limit": stats["hit_limit"]}
+
+
+def scores_as_a_constant(score, stats, group="all"):
+    """True when the answers to `group`'s questions are mostly one answer (top_answer_share at least
+    COLLAPSED_SHARE) and `score` is no better than the best constant answer's: the score is what answering one
+    thing earns, not the skill (format_answer_stats, the pipeline's report)."""
+    constant = stats.get("best_constant", {}).get(group)
+    return (score is not None and constant is not None and score <= constant
+            and stats["top_answer_share"][group] >= COLLAPSED_SHARE)
 
 
 def format_side_by_side(prompts, results, num_show=8, width=28):
@@ -179,6 +299,40 @@ def format_score_table(results):
         cells = [f"{scores[c]:{widths[c]}.3f}" if c in scores else f"{'-':>{widths[c]}}" for c in columns]
         lines.append(f"{name:{name_width}}  {decoding:8}  " + "  ".join(cells))
     return "\n".join(lines)
+
+
+def format_answer_stats(results):
+    """Per model, decoding and group: the score beside the best constant answer's, the distinct answers, the share
+    of the most frequent one, and the answers cut at the token limit; then a WARNING line for each model and
+    decoding that mostly gives one answer (COLLAPSED_SHARE) and scores no better than the best constant answer in
+    some group: its score is what answering one thing earns ("" when no result has answer_stats)."""
+    rows = [(name, decoding, result[decoding], result["answer_stats"][decoding])
+            for name, result in results.items() for decoding in DECODINGS if decoding in result.get("answer_stats", {})]
+    if not rows:
+        return ""
+    name_width = max(len("model"), *(len(name) for name, *_ in rows))
+    lines = [f"{'model':{name_width}}  {'decoding':8}  {'group':12}  {'score':>6}  {'best constant':>22}  "
+             f"{'distinct':>8}  {'top answer':>22}  {'cut':>5}"]
+    warnings = []
+    for name, decoding, scores, stats in rows:
+        collapsed = []
+        for group, distinct in stats["distinct_answers"].items():
+            score = scores.get(group)
+            constant = stats.get("best_constant", {}).get(group)
+            constant_cell = "-" if constant is None else \
+                f"{constant:.3f} {_shorten(repr(stats['best_constant_answer'][group]), 14)}"
+            top_cell = f"{stats['top_answer_share'][group]:.0%} {_shorten(repr(stats['top_answer'][group]), 14)}"
+            cut = f"{stats['hit_limit']:5d}" if group == "all" else f"{'':5}"
+            lines.append(f"{name:{name_width}}  {decoding:8}  {_shorten(group, 12):12}  "
+                         f"{'-' if score is None else f'{score:.3f}':>6}  {constant_cell:>22}  {distinct:8d}  "
+                         f"{top_cell:>22}  {cut}")
+            if scores_as_a_constant(score, stats, group):
+                collapsed.append(f"{group} {score:.3f} (answering {stats['best_constant_answer'][group]!r} to every "
+                                 f"question: {constant:.3f})")
+        if collapsed:
+            warnings.append(f"WARNING: {name} {decoding} gives mostly one answer and scores no better than a constant "
+                            f"answer on: {', '.join(collapsed)}")
+    return "\n".join(lines + warnings)
 
 
 def _shorten(text, width):

@@ -116,8 +116,9 @@ def eos_token_ids(model, tokenizer):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_p=1.0, greedy=False,
-             batch_size=16, seed=None, desc=None):
+             batch_size=16, seed=None, desc=None, return_ended=False):
     """The answer to each prompt: only the new text, decoded without special tokens, cut at the first EOS.
+    With `return_ended`, (answers, ended): ended[i] is False where answer i hit max_new_tokens without an EOS.
 
     Sampling uses `temperature` and nucleus `top_p` only (no top-k, no repetition penalty, whatever the
     model's generation config says); `greedy` takes the arg-max instead (`inference.sampling.sample`, or HF
@@ -146,7 +147,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
     device = next(model.parameters()).device
     native = supports_native_sampling(model)
     order = sorted(range(len(prompts)), key=lambda i: (len(token_ids[i]), token_ids[i]))  # copies together
-    answers = [None] * len(prompts)
+    answers, ended = [None] * len(prompts), [True] * len(prompts)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if seed is not None:
             torch.manual_seed(seed)
@@ -161,8 +162,10 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
             else:
                 output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
             for i, new_tokens in zip(batch, output[:, input_ids.shape[1]:].tolist()):
-                answers[i] = tokenizer.decode(_cut_at_eos(new_tokens, eos_ids), skip_special_tokens=True)
-    return answers
+                answer_tokens = _cut_at_eos(new_tokens, eos_ids)
+                answers[i] = tokenizer.decode(answer_tokens, skip_special_tokens=True)
+                ended[i] = len(answer_tokens) < max_new_tokens
+    return (answers, ended) if return_ended else answers
 
 
 def _cut_at_eos(tokens, eos_ids):

@@ -85,6 +85,29 @@ def test_prompt_mode_prints_the_answer_and_exits_0(tiny):
     assert result.stdout == chatbot.one_line(ChatBot(*tiny).clean_answer(expected[0])) + "\n"
 
 
+def test_an_answer_cut_at_max_new_tokens_gets_a_note_on_stderr(tiny, monkeypatch, capsys):
+    import copy
+
+    import torch
+
+    model, tokenizer = tiny
+    bot = ChatBot(model, tokenizer, max_new_tokens=8, greedy=True)
+    answer = chatbot.answer_turn(bot, Q1, show_prompt=False)  # the untrained model does not stop within 8 tokens
+    out, err = capsys.readouterr()
+    assert bot.last_hit_limit and out == ""
+    assert err == ("(answer cut at --max_new_tokens 8 before its end; give a larger --max_new_tokens for longer "
+                   "answers)\n")
+    with torch.no_grad():  # the model "ends its turn" at its greedy first token: no note
+        ids = torch.tensor(tokenize_prompts(tokenizer, [format_turns(tokenizer, [(Q1, None)])]))
+        first = int(model(input_ids=ids).logits[0, -1].argmax())
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = [tokenizer.eos_token_id, first]
+    monkeypatch.setattr(model, "generation_config", config)
+    bot.clear()
+    assert chatbot.answer_turn(bot, Q1, show_prompt=False) == "" != answer
+    assert not bot.last_hit_limit and capsys.readouterr().err == ""
+
+
 def test_the_answer_length_defaults_to_the_one_the_model_was_trained_to(tiny, tmp_path):
     import shutil
 

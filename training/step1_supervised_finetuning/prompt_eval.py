@@ -17,12 +17,14 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import json
 
-from inference.evaluation import (evaluate_models, format_score_table, format_side_by_side, heldout_set,
-                                  read_prompts_file)
-from inference.generation import trained_max_new_tokens
+from inference.evaluation import (BUILTIN_CHECKER, Checker, are_task_prompts, evaluate_models, format_answer_stats,
+                                  format_score_table, format_side_by_side, heldout_set, read_prompts_file)
+from inference.generation import DEFAULT_MAX_NEW_TOKENS, trained_max_new_tokens
 from utils.model.model_utils import check_model_kind, resolve_model_path
-from utils.runtime.args import AUTO, ArgumentParser, check_output_file, length_or_auto
+from utils.runtime.args import (ArgumentParser, add_data_path_arg, add_generation_args, add_output_json_arg,
+                                add_reward_fn_arg, check_flag_ranges, check_output_file, is_auto)
 from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.paths import check_not_an_input
 
 
 
@@ -35,45 +37,25 @@ def parse_args(argv=None):
     parser.add_argument("--prompts_file", type=str, default=None,
                         help="JSON lines with a 'prompt' field, or plain text with one prompt per line, used "
                              "verbatim; default: the held-out prompts of --data_path.")
-    parser.add_argument("--data_path", type=str, nargs="+", default=["builtin"],
-                        help="Whose held-out prompts and checker: 'builtin' (the built-in task), a reasoning-gym "
-                             "spec, reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any "
-                             "other data source (the prompts of its eval split, scored by --reward_model only).")
+    add_data_path_arg(parser, nargs="+",
+                      help="Whose held-out prompts and checker: 'builtin' (the built-in task), a reasoning-gym spec, "
+                           "reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any other data "
+                           "source (the prompts of its eval split, scored by --reward_model only).")
     parser.add_argument("--num_prompts", type=int, default=None, help="Use only the first N prompts.")
-    parser.add_argument("--max_new_tokens", type=length_or_auto, default=None,
-                        help="The longest answer, in tokens, or auto: twice the longest reference answer of "
-                             "--data_path (default: the fine-tuned model's training run's, from its saved settings; "
-                             "else 16).")
-    parser.add_argument("--temperature", type=float, default=1.0, help="Temperature of the sampled decoding.")
-    parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus top-p of the sampled decoding.")
-    parser.add_argument("--greedy", action="store_true", help="Greedy decoding only (no sampled decoding).")
-    parser.add_argument("--samples_per_prompt", type=int, default=1,
-                        help="Sampled answers per prompt; the sampled scores are means over all of them.")
-    parser.add_argument("--seed", type=int, default=1234, help="Seed of the sampled decoding (same per model).")
-    parser.add_argument("--batch_size", type=int, default=32, help="Prompts generated together.")
     parser.add_argument("--num_show", type=int, default=8, help="Prompts printed with both models' answers.")
-    parser.add_argument("--output_json", type=str, default=None,
-                        help="Write the scores and all answers here (see inference.evaluation.evaluate_models).")
+    add_output_json_arg(parser, "the scores and all answers (see inference.evaluation.evaluate_models)")
     parser.add_argument("--reward_model", type=str, default=None,
                         help="A reward-model folder (step 2 output): also report each model's mean reward.")
-    parser.add_argument("--reward_fn", type=str, default=None,
-                        help="Score the answers with this reward function instead of the data's checker (its mean is "
-                             "the 'all' score): builtin, reasoning_gym, package.module:function or "
-                             "path/to/file.py:function, as step 3's --reward_fn.")
-    parser.add_argument("--dtype", type=str, default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                        help="auto: bf16 on a CPU with native bf16 (AMX / AVX-512 BF16), fp32 otherwise.")
-    parser.add_argument("--trust_remote_code", action="store_true",
-                        help="Allow the model folders' own Python code to run (off by default).")
+    add_reward_fn_arg(parser, role="Score the answers with this reward function instead of the data's checker (its "
+                                   "mean is the 'all' score)")
+    add_generation_args(parser, fallback_length=DEFAULT_MAX_NEW_TOKENS, auto_length=True, greedy=True,
+                        samples_per_prompt=1, samples_help=" (the sampled scores are means over all of them)",
+                        covers="the sampled decoding (the same for each model)")
     args = parser.parse_args(argv)
-    if args.num_prompts is not None and args.num_prompts < 1:
-        raise ConfigError(f"--num_prompts must be at least 1, got {args.num_prompts}")
-    if args.samples_per_prompt < 1:
-        raise ConfigError(f"--samples_per_prompt must be at least 1, got {args.samples_per_prompt}")
-    if args.num_show < 0:
-        raise ConfigError(f"--num_show must be at least 0, got {args.num_show}")
+    check_flag_ranges(args)
     if args.prompts_file and args.data_path != ["builtin"]:
         raise ConfigError("--prompts_file and --data_path both give the prompts; pass one")
-    if args.prompts_file and args.max_new_tokens == AUTO:
+    if args.prompts_file and is_auto(args.max_new_tokens):
         raise ConfigError("--max_new_tokens auto measures the reference answers of --data_path; with --prompts_file "
                           "give it a number of tokens")
     check_output_file("--output_json", args.output_json)
@@ -95,6 +77,8 @@ def reward_fn_checker(args):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
+    check_not_an_input("--output_json", args.output_json,
+                       [("--prompts_file", args.prompts_file)] + [("--data_path", path) for path in args.data_path])
     models = {"baseline": args.model_name_or_path_baseline, "finetune": args.model_name_or_path_finetune}
     for name, path in models.items():  # a wrong folder fails at once, not after the first model's answers
         check_model_kind(resolve_model_path(path), reward=False, name=f"--model_name_or_path_{name} {path}")
@@ -103,9 +87,12 @@ def main(argv=None):
     else:
         prompts, checker = heldout_set(args.data_path, args.seed)
     prompts = prompts[:args.num_prompts]
-    if args.reward_fn:
+    if args.reward_fn:  # scores by the reward function, grouped as the data's checker groups the questions
+        data_checker = checker or (BUILTIN_CHECKER if are_task_prompts(prompts) else None)
         checker = reward_fn_checker(args)
-    if args.max_new_tokens == AUTO:
+        if isinstance(data_checker, Checker):
+            checker = Checker(checker, data_checker.key)
+    if is_auto(args.max_new_tokens):
         from utils.data.data_utils import fit_auto_lengths
         from utils.model.model_utils import load_tokenizer
 
@@ -149,6 +136,10 @@ def main(argv=None):
         print(table)
     else:
         print("\n(no scores: the prompts are not all built-in task prompts)")
+    print("\nthe answers, per group: best constant = the score of the best single answer given to every question "
+          "(and that answer); distinct = different answers; top answer = the share of the most frequent one (and "
+          f"it); cut = answers that reached --max_new_tokens {args.max_new_tokens} before their end")
+    print(format_answer_stats(results))
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(results, f, indent=2)

@@ -2,11 +2,14 @@
 
 The policy starts from --model_name_or_path (the step-1 actor); a frozen reference (the same weights, or
 --ref_model_name_or_path) scores the same answers. Log-probs are summed over answer tokens only, EOS included
-(utils/rl/tokens.py `sequence_logprobs`), and the loss is one of utils/rl/losses.py's (--loss_type):
+(utils/rl/tokens.py `sequence_logprobs`), and the loss is a row of utils/rl/preference_losses.py (--loss_type),
+among them:
 
     sigmoid  DPO: -log sigmoid(beta * (log-ratio margin)), with --label_smoothing for conservative DPO
     ipo      IPO: (log-ratio margin - 1 / (2 beta))^2
     simpo    SimPO: length-normalised log-probs, no reference, margin --simpo_gamma
+    orpo     ORPO: the chosen answers' NLL + beta x the odds-ratio term, no reference: it trains a base model (the
+             orpo algorithm of train.py, which skips step 1)
 
 where the log-ratio margin is (log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l)). The reference runs in
 eval mode under no_grad, once per batch, or once for the whole data set before training with
@@ -29,35 +32,33 @@ import torch
 
 from utils.data.data_utils import DataCollatorPreference, ListDataset
 from utils.model.model_utils import create_hf_model, model_forward_kwargs, resolve_model_path
-from utils.rl.losses import PREFERENCE_LOSS_TYPES, chosen_nll, preference_loss
+from utils.rl.losses import chosen_nll
+from utils.rl.preference_losses import PREFERENCE_LOSSES, preference_loss
 from utils.rl.tokens import sequence_logprobs
-from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
+from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, registry_help
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.errors import ConfigError, cli_entry
-from utils.runtime.progress import eval_batches, progress
+from utils.runtime.progress import progress
 from utils.trainer.engine import start_run, train_ds_config_from_args
-from utils.trainer.frozen import frozen_causal_lm, frozen_ds_config
-from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
+from utils.trainer.frozen import add_beta_arg, add_reference_args, load_reference, resolve_reference_path
+from utils.trainer.loop import LoopState, evaluate_mean, make_loaders, save_run, step_data, step_engine, train_loop
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     groups = add_step_args(parser, default_lr=1e-4, eval_interval=True)
-    model = groups["model"]
-    model.add_argument("--ref_model_name_or_path", type=str, default=None,
-                       help="The frozen reference (default: --model_name_or_path, the weights training starts from).")
+    add_reference_args(groups["model"], groups["deepspeed"])
     parser.set_defaults(dropout=0.0)  # policy and reference must compute the same function at step 0
-    deepspeed = groups["deepspeed"]
-    deepspeed.add_argument("--offload_reference_model", action="store_true",
-                           help="Hold the reference's parameters on the CPU (ZeRO-3 offload).")
     dpo = parser.add_argument_group("preference loss")
-    dpo.add_argument("--loss_type", type=str, default="sigmoid", choices=PREFERENCE_LOSS_TYPES,
-                     help="sigmoid: DPO; ipo: IPO's squared loss; simpo: SimPO (reference-free).")
-    dpo.add_argument("--beta", type=float, default=0.1,
-                     help="DPO/IPO: scale of the log-ratio reward (IPO's tau); SimPO: scale of the mean log-prob.")
+    dpo.add_argument("--loss_type", type=str, default="sigmoid", choices=tuple(PREFERENCE_LOSSES),
+                     help="The loss on each pair; default %(default)s. " +
+                          registry_help(PREFERENCE_LOSSES, "utils/rl/preference_losses.py"))
+    add_beta_arg(dpo, help="DPO/IPO: scale of the log-ratio reward (IPO's tau); SimPO: scale of the mean log-prob; "
+                           "ORPO: the weight lambda of the odds-ratio term.")
     dpo.add_argument("--label_smoothing", type=float, default=0.0,
                      help="Conservative DPO: the probability that a pair's preference label is wrong (0 <= eps < "
-                          "0.5); sigmoid and simpo only.")
+                          f"0.5); {_names(name for name, row in PREFERENCE_LOSSES.items() if row.label_smoothing)} "
+                          "only.")
     dpo.add_argument("--simpo_gamma", type=float, default=0.5, help="SimPO's target reward margin.")
     dpo.add_argument("--rpo_alpha", type=float, default=0.0,
                      help="Weight of the chosen answers' per-token negative log-likelihood added to the loss (RPO, "
@@ -68,44 +69,29 @@ def parse_args(argv=None):
     return parse_step_args(parser, argv, check=check_dpo_args)
 
 
+def _names(names):
+    """'a', 'a and b', 'a, b and c'."""
+    names = list(names)
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else ""
+
+
 def check_dpo_args(args):
-    if not args.beta > 0:
-        raise ConfigError(f"--beta must be positive, not {args.beta}")
-    if not 0.0 <= args.rpo_alpha < float("inf"):
-        raise ConfigError(f"--rpo_alpha must be a number >= 0, not {args.rpo_alpha}")
-    if not 0.0 <= args.label_smoothing < 0.5:
-        raise ConfigError(f"--label_smoothing must be in [0, 0.5), not {args.label_smoothing}")
-    if args.loss_type == "ipo" and args.label_smoothing > 0:
-        raise ConfigError("--label_smoothing applies to --loss_type sigmoid and simpo, not ipo")
-    if args.loss_type == "simpo":
+    """How the flags combine with the loss (the ranges of single flags are checked first: FLAG_RANGES)."""
+    row = PREFERENCE_LOSSES[args.loss_type]
+    if args.label_smoothing > 0 and not row.label_smoothing:
+        smoothed = _names(name for name, other in PREFERENCE_LOSSES.items() if other.label_smoothing)
+        raise ConfigError(f"--label_smoothing applies to --loss_type {smoothed}, not {args.loss_type}")
+    if not row.needs_reference:
         given = [flag for flag, value in (("--ref_model_name_or_path", args.ref_model_name_or_path),
                                           ("--precompute_ref_logps", args.precompute_ref_logps),
                                           ("--offload_reference_model", args.offload_reference_model)) if value]
         if given:
-            raise ConfigError(f"--loss_type simpo uses no reference model: drop {', '.join(given)}")
+            raise ConfigError(f"--loss_type {args.loss_type} uses no reference model: drop {', '.join(given)}")
 
 
 def uses_reference(args):
-    return args.loss_type != "simpo"
-
-
-def resolve_reference_path(args, model_path):
-    """The reference's folder (the policy's own by default), its vocabulary checked against the policy's."""
-    if args.ref_model_name_or_path is None:
-        return model_path
-    try:
-        ref_path = resolve_model_path(args.ref_model_name_or_path)
-    except ConfigError as err:
-        raise ConfigError(f"--ref_model_name_or_path: {err}") from None
-    from transformers import AutoConfig
-
-    sizes = [AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code).vocab_size
-             for path in (model_path, ref_path)]
-    if sizes[0] != sizes[1]:
-        raise ConfigError(f"--ref_model_name_or_path {args.ref_model_name_or_path} has a vocabulary of {sizes[1]} "
-                          f"tokens, the model {args.model_name_or_path} one of {sizes[0]}: they must share a "
-                          "tokenizer")
-    return ref_path
+    """Whether the loss compares with a frozen reference (DPO then loads one, or precomputes its log-probs)."""
+    return PREFERENCE_LOSSES[args.loss_type].needs_reference
 
 
 # ---- log-probs and the loss ----------------------------------------------------------------------------------------
@@ -139,8 +125,7 @@ def preference_batch_loss(policy, reference, batch, args):
     pairs = logps.shape[0] // 2
     ref_chosen, ref_rejected = (None, None) if ref_logps is None else (ref_logps[:pairs], ref_logps[pairs:])
     loss, stats = preference_loss(args.loss_type, logps[:pairs], logps[pairs:], ref_chosen, ref_rejected,
-                                  lengths[:pairs], lengths[pairs:], beta=args.beta,
-                                  label_smoothing=args.label_smoothing, simpo_gamma=args.simpo_gamma)
+                                  lengths[:pairs], lengths[pairs:], args)
     if args.rpo_alpha:
         nll = chosen_nll(logps[:pairs], lengths[:pairs])
         loss = loss + args.rpo_alpha * nll
@@ -151,40 +136,18 @@ def preference_batch_loss(policy, reference, batch, args):
 
 def evaluate_preference(policy, reference, eval_loader, device, args):
     """Loss and stats averaged over the pairs of the eval split (or its first --eval_iters batches), all ranks."""
-    policy.eval()
-    sums, pairs = {}, torch.zeros((), device=device)
-    with torch.no_grad():
-        for batch in eval_batches(eval_loader, args.eval_iters):
-            batch = to_device(batch, device)
-            loss, stats = preference_batch_loss(policy, reference, batch, args)
-            count = batch["input_ids"].shape[0] // 2
-            for name, value in {"loss": loss, **stats}.items():
-                sums[name] = sums.get(name, 0.0) + value.float() * count
-            pairs += count
-    names = sorted(sums)
-    totals = torch.stack([sums[name] for name in names] + [pairs])
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(totals)
-    policy.train()
-    return {name: (totals[i] / totals[-1].clamp(min=1)).item() for i, name in enumerate(names)}
+    return evaluate_mean(policy, eval_loader, device, args.eval_iters,
+                         lambda batch: preference_batch_loss(policy, reference, batch, args),
+                         rows=lambda batch: batch["input_ids"].shape[0] // 2)
 
 
 # ---- the reference ---------------------------------------------------------------------------------------------
 
 
-def load_reference(ref_path, tokenizer, args, world_size):
-    """The frozen reference: ZeRO-3 when the policy is (or when offloaded), ZeRO-0 otherwise."""
-    ds_config = frozen_ds_config(trained_stage=args.zero_stage, offload=args.offload_reference_model,
-                                 micro_batch_size=args.per_device_train_batch_size, world_size=world_size,
-                                 dtype=args.dtype)
-    return frozen_causal_lm(ref_path, tokenizer, ds_config, "reference", dropout=args.dropout,
-                            trust_remote_code=args.trust_remote_code)
-
-
 def with_reference_logps(dataset, reference, collator, batch_size, device):
-    """A copy of `dataset` whose pairs carry the reference's answer log-probs (`ref_chosen_logps`,
-    `ref_rejected_logps`). Each rank scores its share of the pairs (all ranks the same number of batches, as
-    ZeRO-3 needs) and the shares are gathered, so every rank gets them all."""
+    """A copy of `dataset` (its row counts and split kept) whose pairs carry the reference's answer log-probs
+    (`ref_chosen_logps`, `ref_rejected_logps`). Each rank scores its share of the pairs (all ranks the same number
+    of batches, as ZeRO-3 needs) and the shares are gathered, so every rank gets them all."""
     from torch.utils.data import DistributedSampler
 
     distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
@@ -203,7 +166,7 @@ def with_reference_logps(dataset, reference, collator, batch_size, device):
         table = torch.cat(gathered)
     logps = {int(index): (chosen, rejected) for index, chosen, rejected in table.cpu().tolist()}
     return ListDataset([{**dataset[i], "ref_chosen_logps": logps[i][0], "ref_rejected_logps": logps[i][1]}
-                        for i in range(len(dataset))])
+                        for i in range(len(dataset))], dataset.counts, dataset.split)
 
 
 def precompute_reference_logps(datasets, ref_path, tokenizer, collator, args, world_size, device):

@@ -19,7 +19,7 @@ from utils.data.data_utils import DataCollatorReward
 from utils.data.packing import DataCollatorPackedReward, check_keeps_samples_apart
 from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import RewardModel
-from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
+from utils.runtime.args import ArgumentParser, add_num_padding_at_beginning_arg, add_step_args, parse_step_args
 from utils.runtime.dist import to_device
 from utils.runtime.errors import cli_entry
 from utils.runtime.progress import eval_batches
@@ -30,10 +30,7 @@ from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, ste
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     groups = add_step_args(parser, default_lr=3e-4, eval_interval=True, packing=True)
-    model = groups["model"]
-    model.add_argument("--num_padding_at_beginning", type=int, default=0,
-                       help="DeepSpeed-Chat's flag for OPT-style tokenizers, recorded in the saved config. The "
-                            "end score is found from the attention mask, so padding never moves it.")
+    add_num_padding_at_beginning_arg(groups["model"])
     return parse_step_args(parser, argv)
 
 

@@ -36,8 +36,11 @@ from utils.data.data_utils import SampleCounter, pair_sample
 from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import load_reward_model, score_answers, score_sequences
 from utils.model.save import trained_sequence_length
-from utils.runtime.args import ArgumentParser, check_output_file
+from utils.runtime.args import (ArgumentParser, add_batch_size_arg, add_max_seq_len_arg, add_model_name_or_path_arg,
+                                add_output_json_arg, add_seed_arg, add_trust_remote_code_arg, check_flag_ranges,
+                                check_output_file)
 from utils.runtime.errors import ConfigError, DataError, cli_entry
+from utils.runtime.paths import check_not_an_input
 
 DEFAULT_MAX_SEQ_LEN = 256  # for a folder without saved training settings
 
@@ -56,8 +59,7 @@ EXAMPLES = (
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model_name_or_path", type=str, required=True,
-                        help="A reward-model folder (step 2 output).")
+    add_model_name_or_path_arg(parser, help="A reward-model folder (step 2 output).", required=True)
     parser.add_argument("--pairs_file", type=str, default=None,
                         help="JSON lines (or a JSON array) of {prompt, chosen, rejected}, used verbatim.")
     parser.add_argument("--heldout", action="store_true",
@@ -65,20 +67,16 @@ def parse_args(argv=None):
     parser.add_argument("--num_examples", type=int, default=8,
                         help="Pairs or held-out prompts printed one by one (0: none); the default mode scores "
                              "this many of its 8 examples (0: all).")
-    parser.add_argument("--max_seq_len", type=int, default=None,
-                        help="Pairs longer than this (prompt + answer + EOS, in tokens) are skipped, as step 2 "
-                             "skips them (default: the model's training run's, from its saved settings; else 256).")
-    parser.add_argument("--batch_size", type=int, default=32, help="Sequences scored together.")
-    parser.add_argument("--seed", type=int, default=1234, help="Seed of the --heldout candidate answers.")
-    parser.add_argument("--output_json", type=str, default=None, help="Write every score here.")
-    parser.add_argument("--trust_remote_code", action="store_true",
-                        help="Allow the model folder's own Python code to run (off by default).")
+    add_max_seq_len_arg(parser, default=None, auto=False,
+                        default_help=f"the model's training run's, from its saved settings; else {DEFAULT_MAX_SEQ_LEN}")
+    add_batch_size_arg(parser, what="Sequences scored together")
+    add_seed_arg(parser, covers="the --heldout candidate answers")
+    add_output_json_arg(parser, what="every score")
+    add_trust_remote_code_arg(parser)
     args = parser.parse_args(argv)
+    check_flag_ranges(args)
     if args.pairs_file and args.heldout:
         raise ConfigError("--pairs_file and --heldout are two different evaluations; pass one")
-    for flag in ("num_examples", "max_seq_len", "batch_size"):
-        if getattr(args, flag) is not None and getattr(args, flag) < (0 if flag == "num_examples" else 1):
-            raise ConfigError(f"--{flag} must be positive, got {getattr(args, flag)}")
     check_output_file("--output_json", args.output_json)
     return args
 
@@ -259,6 +257,7 @@ def eval_heldout(model, tokenizer, args):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
+    check_not_an_input("--output_json", args.output_json, [("--pairs_file", args.pairs_file)])
     from utils.runtime.dist import quiet_transformers
 
     quiet_transformers()

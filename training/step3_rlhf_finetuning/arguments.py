@@ -1,13 +1,15 @@
 """Step 3's flags (DeepSpeed-Chat's names) and their checks."""
 import argparse
-import math
 
 from utils.rl.estimators import ESTIMATORS, uses_critic
 from utils.rl.kl import KL_ESTIMATORS
 from utils.rl.losses import LOSS_AGG_MODES
-from utils.runtime.args import (AUTO, ArgumentParser, add_checkpoint_args, add_data_args, add_deepspeed_args,
-                                add_logging_args, add_only_optimize_lora_arg, add_schedule_args,
-                                add_trust_remote_code_arg, check_common_args, length_or_auto)
+from utils.rl.policy_losses import POLICY_LOSSES
+from utils.runtime.args import (ZERO_STAGES, ArgumentParser, add_checkpoint_args, add_data_args,
+                                add_deepspeed_args, add_logging_args, add_num_padding_at_beginning_arg,
+                                add_offload_reference_model_arg, add_only_optimize_lora_arg, add_reward_fn_arg,
+                                add_sampling_args, add_schedule_args, add_trust_remote_code_arg, check_common_args,
+                                is_auto, length_or_auto, registry_help)
 from utils.runtime.errors import ConfigError
 
 
@@ -37,9 +39,7 @@ def add_model_args(parser):
     add("--critic_model_name_or_path", type=str, default=None,
         help="The step-2 reward model: the reward model, and the critic's start with --advantage_estimator gae "
              "(needed then); optional for a critic-free estimator with --reward_fn.")
-    add("--num_padding_at_beginning", type=int, default=0,
-        help="DeepSpeed-Chat's flag for OPT-style tokenizers (padding tokens a sequence starts with), passed to the "
-             "reward model and critic; the end score is found from the attention mask, so padding never moves it.")
+    add_num_padding_at_beginning_arg(group, passed_to="passed to the reward model and critic")
     add_trust_remote_code_arg(group)
     add("--unsupervised_dataset_name", type=str, default=None,
         help="Plain text for the pretraining loss: 'builtin', a local .txt/.jsonl file, or a hub data set.")
@@ -60,23 +60,28 @@ def add_batch_args(parser):
         help="Prompt batches of experience generated before each PPO round of training.")
     add("--ppo_epochs", type=int, default=1, help="For generated experience, how many PPO training epochs to run.")
     add("--max_prompt_seq_len", type=length_or_auto, default=256,
-        help="The maximum prompt length in tokens (longer prompts are dropped from the data), or auto: the longest "
-             "prompt of the data.")
+        help="The maximum prompt length in tokens (a longer prompt is skipped and counted), or auto: the 95th "
+             "percentile of the data's prompt lengths, longer prompts dropped (auto:max the longest, auto:P the P-th), "
+             "at most the model's context.")
     add("--max_answer_seq_len", type=length_or_auto, default=256,
-        help="The maximum generated answer length in tokens, or auto: twice the longest reference answer of the "
-             "data.")
+        help="The maximum generated answer length in tokens, or auto: twice the 95th percentile of the reference "
+             "answers' lengths (auto:max: twice the longest).")
 
 
 def add_optimization_args(parser):
     group = parser.add_argument_group("optimisation")
     add = group.add_argument
     add_schedule_args(group, default_warmup_steps=100, steps="prompt batches")
-    for model, lr in (("actor", 9.65e-6), ("critic", 5e-6)):
-        add(f"--{model}_learning_rate", type=float, default=lr,
-            help=f"Initial {model} learning rate (after the potential warmup period) to use; default %(default)s.")
-        add(f"--{model}_weight_decay", type=float, default=0.0, help=f"Weight decay of the {model} (AdamW's).")
-        add(f"--{model}_gradient_checkpointing", action="store_true",
-            help=f"Enable HF gradient checkpointing for the {model}: less memory for more time.")
+    add("--actor_learning_rate", type=float, default=9.65e-6,
+        help="Initial actor learning rate (after the potential warmup period) to use; default %(default)s.")
+    add("--actor_weight_decay", type=float, default=0.0, help="Weight decay of the actor (AdamW's).")
+    add("--actor_gradient_checkpointing", action="store_true",
+        help="Enable HF gradient checkpointing for the actor: less memory for more time.")
+    add("--critic_learning_rate", type=float, default=5e-6,
+        help="Initial critic learning rate (after the potential warmup period) to use; default %(default)s.")
+    add("--critic_weight_decay", type=float, default=0.0, help="Weight decay of the critic (AdamW's).")
+    add("--critic_gradient_checkpointing", action="store_true",
+        help="Enable HF gradient checkpointing for the critic: less memory for more time.")
     add("--actor_dropout", type=float, default=0.0,
         help="Dropout of actor and reference (default 0: off, as PPO wants experience and training to see the "
              "same function).")
@@ -85,13 +90,14 @@ def add_optimization_args(parser):
 
 def add_engine_args(parser):
     group = add_deepspeed_args(
-        parser, zero_stages={"--actor_zero_stage": "ZeRO optimization stage of the actor (and of its clones, the "
-                                                   "reference and the EMA): 0 to 3.",
-                             "--critic_zero_stage": "ZeRO optimization stage of the critic (and of the reward "
-                                                    "model): 0 to 3."},
+        parser, zero_stage=False,
         config_applies_to="both trained engines, the actor's and the critic's (the frozen reference, reward and "
                           "EMA models keep their inference configs)")
     add = group.add_argument
+    add("--actor_zero_stage", type=int, default=0, choices=ZERO_STAGES,
+        help="ZeRO optimization stage of the actor (and of its clones, the reference and the EMA): 0 to 3.")
+    add("--critic_zero_stage", type=int, default=0, choices=ZERO_STAGES,
+        help="ZeRO optimization stage of the critic (and of the reward model): 0 to 3.")
     add("--enable_hybrid_engine", action="store_true",
         help="Actor as a DeepSpeedHybridEngine (inference kernels for generation on CUDA; native generate on CPU).")
     add("--unpin_actor_parameters", action="store_true",
@@ -104,8 +110,7 @@ def add_engine_args(parser):
     add("--tp_gather_partition_size", type=int, default=8,
         help="Hybrid engine: layers gathered at a time for tensor-parallel generation (with --inference_tp_size "
              "> 1).")
-    add("--offload_reference_model", action="store_true",
-        help="Enable ZeRO Offload for the frozen reference model: its parameters on the CPU.")
+    add_offload_reference_model_arg(group)
     add("--offload_reward_model", action="store_true",
         help="Enable ZeRO Offload for the frozen reward model: its parameters on the CPU.")
 
@@ -113,13 +118,16 @@ def add_engine_args(parser):
 def add_lora_ema_args(parser):
     group = parser.add_argument_group("LoRA and EMA")
     add = group.add_argument
-    for model in ("actor", "critic"):
-        add(f"--{model}_lora_dim", type=int, default=0, help=f"LoRA rank of the {model}; 0 disables LoRA.")
-        add(f"--{model}_lora_module_name", type=str, default="layers.",
-            help=f"The scope of the {model}'s LoRA: comma-separated parts of the names of the linear layers it "
-                 "wraps.")
-        add(f"--{model}_lora_learning_rate", type=float, default=5e-4,
-            help=f"Initial {model} LoRA learning rate (after the potential warmup period) to use.")
+    add("--actor_lora_dim", type=int, default=0, help="LoRA rank of the actor; 0 disables LoRA.")
+    add("--actor_lora_module_name", type=str, default="layers.",
+        help="The scope of the actor's LoRA: comma-separated parts of the names of the linear layers it wraps.")
+    add("--actor_lora_learning_rate", type=float, default=5e-4,
+        help="Initial actor LoRA learning rate (after the potential warmup period) to use.")
+    add("--critic_lora_dim", type=int, default=0, help="LoRA rank of the critic; 0 disables LoRA.")
+    add("--critic_lora_module_name", type=str, default="layers.",
+        help="The scope of the critic's LoRA: comma-separated parts of the names of the linear layers it wraps.")
+    add("--critic_lora_learning_rate", type=float, default=5e-4,
+        help="Initial critic LoRA learning rate (after the potential warmup period) to use.")
     add_only_optimize_lora_arg(group)
     add("--enable_ema", action="store_true",
         help="Keep an exponential moving average of the actor (actor_ema/), in fp32 whatever --dtype (in bf16 "
@@ -129,17 +137,17 @@ def add_lora_ema_args(parser):
 
 
 def add_ppo_args(parser):
-    add = parser.add_argument_group("PPO").add_argument
-    add("--temperature", type=float, default=1.0, help="Sampling temperature of rollouts and of their log-probs.")
-    add("--top_p", type=float, default=1.0, help="Nucleus sampling of rollouts (1: off).")
+    group = parser.add_argument_group("PPO")
+    add = group.add_argument
+    add_sampling_args(group, what="the rollouts", temperature_also=" and of their log-probs")
     add("--generation_backend", type=str, default="native", choices=("native", "hf"),
         help="Rollout sampler: native (inference/sampling.py: a KV-cache loop that drops finished rows, runs a "
              "shared prompt prefix once and draws one uniform per row; faster on CPU) or hf (Hugging Face "
              "generate). Models whose forward takes no position_ids always use hf.")
     add("--kl_coef", type=float, default=0.1, help="KL penalty coefficient (initial value if adaptive).")
-    add("--kl_estimator", type=str, default="k1", choices=KL_ESTIMATORS,
-        help="Per-token estimate of KL(actor || reference) in the reward penalty (Schulman's k1, k2, k3; "
-             "utils/rl/kl.py); default k1, log-prob difference.")
+    add("--kl_estimator", type=str, default="k1", choices=tuple(KL_ESTIMATORS),
+        help="Per-token estimate of KL(actor || reference) in the reward penalty (Schulman 2020); default "
+             "%(default)s. " + registry_help(KL_ESTIMATORS, "utils/rl/kl.py"))
     add("--adaptive_kl_target", type=float, default=0.0,
         help="Target KL (nats per sequence) of the adaptive KL controller; 0 keeps --kl_coef fixed.")
     add("--adaptive_kl_horizon", type=float, default=10000,
@@ -153,14 +161,16 @@ def add_ppo_args(parser):
     add("--missing_eos_penalty", type=float, default=1.0,
         help="Subtracted from the score of an answer that never emits EOS (0: none).")
     add("--critic_warmup_steps", type=int, default=0, help="PPO rounds that train the critic only.")
+    add("--policy_loss", type=str, default="ppo", choices=tuple(POLICY_LOSSES),
+        help="The actor's loss; default %(default)s. " + registry_help(POLICY_LOSSES, "utils/rl/policy_losses.py"))
     add("--cliprange", type=float, default=0.2,
         help="PPO's clip of the probability ratio of the actor to [1 - c, 1 + c].")
     add("--cliprange_low", type=float, default=None, help="Lower clip of the ratio, 1 - this (default --cliprange).")
     add("--cliprange_high", type=float, default=None,
         help="Upper clip of the ratio, 1 + this (default --cliprange); larger: DAPO's clip-higher (e.g. 0.28).")
-    add("--loss_agg_mode", type=str, default="token_mean", choices=LOSS_AGG_MODES,
-        help="How per-token losses are averaged: over all tokens, or per answer (summed or averaged) then over "
-             "answers (utils/rl/losses.py aggregate_loss).")
+    add("--loss_agg_mode", type=str, default="token_mean", choices=tuple(LOSS_AGG_MODES),
+        help="How the actor's per-token losses are made one number; default %(default)s. " +
+             registry_help(LOSS_AGG_MODES, "utils/rl/losses.py"))
     add("--cliprange_value", type=float, default=0.2,
         help="Clip of the critic's new values to within c of the old ones in the value loss.")
     add("--gamma", type=float, default=1.0, help="GAE's discount factor per token.")
@@ -168,11 +178,12 @@ def add_ppo_args(parser):
 
 
 def add_critic_free_args(parser):
-    add = parser.add_argument_group("critic-free estimators and reward functions").add_argument
+    group = parser.add_argument_group("critic-free estimators and reward functions")
+    add = group.add_argument
     add("--advantage_estimator", type=str, default="gae", choices=tuple(ESTIMATORS),
-        help="; ".join(f"{name}: {row.help}" for name, row in ESTIMATORS.items()) + " (utils/rl/estimators.py). "
-             "Only an estimator with a critic creates one; group estimators compare --num_samples_per_prompt "
-             "answers.")
+        help="How an answer is credited; only an estimator with a critic creates one, group estimators compare "
+             "--num_samples_per_prompt answers; default %(default)s. " +
+             registry_help(ESTIMATORS, "utils/rl/estimators.py"))
     add("--num_samples_per_prompt", type=int, default=1, help="Answers sampled per prompt in one rollout.")
     add("--no_std_normalization", action="store_true",
         help="grpo: advantages r - group mean, without dividing by the group's std (Dr. GRPO).")
@@ -180,8 +191,9 @@ def add_critic_free_args(parser):
         help="The KL to the reference as a loss term (--kl_loss_coef x --kl_loss_estimator) instead of a penalty "
              "in the reward (--kl_coef).")
     add("--kl_loss_coef", type=float, default=0.001, help="Weight of the KL loss term of --use_kl_loss.")
-    add("--kl_loss_estimator", type=str, default="k3", choices=KL_ESTIMATORS,
-        help="Per-token KL estimate of --use_kl_loss (default k3: unbiased and never negative).")
+    add("--kl_loss_estimator", type=str, default="k3", choices=tuple(KL_ESTIMATORS),
+        help="Per-token KL estimate of --use_kl_loss, one of --kl_estimator's (default k3: unbiased and never "
+             "negative).")
     add("--positive_nll_coef", type=float, default=0.0,
         help="Weight of the negative log-likelihood of the sampled answers scored at least "
              "--positive_score_threshold, added to the policy loss (VAPO's positive-example LM loss; 0: none). "
@@ -196,10 +208,7 @@ def add_critic_free_args(parser):
         help="Subtracted in full from the score of an answer that fills --max_answer_seq_len, in part from one "
              "within --overlong_buffer tokens of it (DAPO's soft overlong punishment; 0: none).")
     add("--overlong_buffer", type=int, default=1, help="Tokens before --max_answer_seq_len where it starts.")
-    add("--reward_fn", type=str, default=None,
-        help="Score answers with a function: 'builtin' (the built-in task's checker, [0, 1]), a registered name, "
-             "package.module:function or path/to/file.py:function, called on (prompts, answers) -> floats "
-             "(utils/rl/reward_fns.py).")
+    add_reward_fn_arg(group, role="Score answers with a function")
     add("--reward_fn_weight", type=float, default=1.0,
         help="The end score is reward_fn_weight x the reward function's score + reward_model_weight x the "
              "reward model's, of those given.")
@@ -222,11 +231,7 @@ def add_output_args(parser):
 
 
 def check_args(args):
-    check_common_args(args)
-    for name in ("per_device_generation_batch_size", "per_device_training_batch_size", "generation_batches",
-                 "ppo_epochs"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name} must be at least 1, not {getattr(args, name)}")
+    check_common_args(args)  # the ranges of single flags (utils/runtime/args.py FLAG_RANGES), then how flags combine
     check_rl_args(args)
     rollouts = args.per_device_generation_batch_size * args.num_samples_per_prompt
     if rollouts % args.per_device_training_batch_size:
@@ -249,13 +254,11 @@ def check_rl_args(args):
     estimator, group = args.advantage_estimator, args.num_samples_per_prompt
     if not args.critic_model_name_or_path:
         if uses_critic(args):
-            raise ConfigError("--advantage_estimator gae needs --critic_model_name_or_path (the step-2 reward "
-                              "model: the reward model and the critic's start)")
+            raise ConfigError(f"--advantage_estimator {estimator} needs --critic_model_name_or_path (the step-2 "
+                              "reward model: the reward model and the critic's start)")
         if not args.reward_fn:
             raise ConfigError(f"--advantage_estimator {estimator} needs a reward: --reward_fn (e.g. builtin) or "
                               "--critic_model_name_or_path (a step-2 reward model), or both")
-    if group < 1:
-        raise ConfigError(f"--num_samples_per_prompt must be at least 1, not {group}")
     if ESTIMATORS[estimator].groups and group < 2:
         raise ConfigError(f"--advantage_estimator {estimator} compares the answers to one prompt: it needs "
                           f"--num_samples_per_prompt of at least 2, not {group}")
@@ -263,19 +266,9 @@ def check_rl_args(args):
         raise ConfigError("--filter_zero_variance needs --num_samples_per_prompt of at least 2 (groups to compare)")
     if args.critic_warmup_steps and not uses_critic(args):
         raise ConfigError(f"--critic_warmup_steps: --advantage_estimator {estimator} has no critic to warm up")
-    for name in ("cliprange_low", "cliprange_high", "kl_loss_coef", "overlong_penalty", "positive_nll_coef"):
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"--{name} must be a finite number >= 0, not {value}")
-    for name in ("reward_fn_weight", "reward_model_weight", "positive_score_threshold"):
-        if not math.isfinite(getattr(args, name)):
-            raise ConfigError(f"--{name} must be a finite number, not {getattr(args, name)}")
-    longest = float("inf") if args.max_answer_seq_len == AUTO else args.max_answer_seq_len
+    longest = float("inf") if is_auto(args.max_answer_seq_len) else args.max_answer_seq_len
     if not 1 <= args.overlong_buffer <= longest:
         raise ConfigError(f"--overlong_buffer must be in [1, --max_answer_seq_len {args.max_answer_seq_len}], not "
                           f"{args.overlong_buffer}")
-    if args.eval_interval < 0 or args.eval_prompts < 1:
-        raise ConfigError(f"--eval_interval must be >= 0 and --eval_prompts >= 1, not {args.eval_interval} and "
-                          f"{args.eval_prompts}")
     if args.normalize_reward is None:
         args.normalize_reward = uses_critic(args)

@@ -26,7 +26,8 @@ import time
 from inference.evaluation import has_checker, heldout_set
 from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
-                                   create_unsupervised_dataset, data_bound, fit_auto_lengths, make_dataloader)
+                                   create_unsupervised_dataset, data_bound, data_metrics, fit_auto_lengths,
+                                   make_dataloader)
 from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.rl.reward_fns import load_reward_fn
@@ -36,7 +37,7 @@ from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.progress import progress
 from utils.trainer.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
                                       python_random_state, set_python_random_state)
-from utils.trainer.engine import start_run, write_metrics
+from utils.trainer.engine import start_run, step_budget, write_metrics
 from utils.trainer.monitor import Monitor, format_scalars
 from utils.trainer.ppo_trainer import PPOTrainer, mean_stats
 from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
@@ -88,8 +89,10 @@ def main(argv=None):
                           f"{len(prompt_loader)} prompt batch(es) of an epoch ({len(prompt_dataset)} prompts, "
                           f"--per_device_generation_batch_size {args.per_device_generation_batch_size}, "
                           f"{world_size} process(es))")
-    total_steps = args.num_train_epochs * steps_per_epoch
-    total_steps = min(total_steps, args.max_steps) if args.max_steps else total_steps
+    budget, warning = step_budget(steps_per_epoch, 1, args.num_train_epochs, args.max_steps)
+    total_steps = budget["total_steps"]
+    if warning:
+        print_rank_0(warning)
     rollouts = args.per_device_generation_batch_size * args.num_samples_per_prompt
     minibatches = rollouts // args.per_device_training_batch_size
     actor_steps, critic_steps = planned_optimizer_steps(args, total_steps)
@@ -161,8 +164,10 @@ def main(argv=None):
     metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps)
     if engine.critic is not None:
         metrics.update(critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
+    metrics.update(budget, **data_metrics(prompt_dataset.counts))
     write_metrics(args.output_dir, metrics)
-    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+    scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}  # not rows_skipped
+    print_rank_0(f"saved {args.output_dir}; {format_scalars(**scalars)}")
 
 
 def planned_optimizer_steps(args, total_steps):
@@ -212,9 +217,14 @@ def evaluate(trainer, prompts, checker, step, monitor):
     return {"step": step, **scores}
 
 
+ANSWER_FIGURES = ("best_constant", "distinct_answers", "top_answer_share", "hit_limit")
+"""What an evaluation says of the answers (inference.evaluation.answer_scalars), kept in metrics.json."""
+
+
 def summarize(history, evaluations, wall_time):
     """Mean score and KL over the first and last tenth of the run, the first and last held-out evaluation (the
-    checker's mean score when there is one, else the mean reward), and the wall time."""
+    checker's mean score when there is one, else the mean reward, and what the answers were: ANSWER_FIGURES), and
+    the wall time."""
     if not history:
         return {"wall_time_s": wall_time}
     window = max(1, len(history) // 10)
@@ -226,6 +236,9 @@ def summarize(history, evaluations, wall_time):
         for decoding in ("sampled", "greedy"):
             for scores in evaluation:
                 metrics[f"heldout_{decoding}_{when}"] = scores[decoding].get("all", scores[decoding].get("reward"))
+                for name in ANSWER_FIGURES:
+                    if name in scores[decoding]:  # best_constant: only with a checker
+                        metrics[f"heldout_{decoding}_{name}_{when}"] = scores[decoding][name]
     return {**metrics, "wall_time_s": wall_time}
 
 

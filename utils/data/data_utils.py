@@ -18,7 +18,7 @@ import torch
 from utils.data.prompting import encode_prompt_text, model_answer, model_prompt
 from utils.data.raw_datasets import HUB_DATASETS, Builtin, LocalJsonFile, RawDataset, builtin_data_dir
 from utils.data.reasoning_gym_data import ReasoningGym
-from utils.runtime.args import AUTO
+from utils.runtime.args import AUTO, is_auto
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
 from utils.runtime.paths import write_file_atomic
@@ -56,9 +56,10 @@ def parse_data_split(data_split):
         parts = [float(part) for part in data_split.split(",")]
     except ValueError:
         parts = []
-    if not parts or not all(0 <= part < float("inf") for part in parts) or sum(parts) <= 0:
+    if not parts or not all(0 <= part < float("inf") for part in parts) or max(parts) <= 0:
         raise ConfigError(f"--data_split {data_split!r} must be comma-separated finite non-negative numbers with a "
                           "positive sum, one per step, like 2,4,4")
+    parts = [part / max(parts) for part in parts]  # 1e308,1e308,1: a sum of the parts as given overflows to inf
     total = sum(parts)
     return [part / total for part in parts]
 
@@ -145,6 +146,10 @@ class SampleCounter:
         return (f"WARNING: {flag} {limit} dropped {self.too_long} of {rows} rows of {self.what} "
                 f"({self.too_long / rows:.0%}); {flag} {keep_95} would keep 95% of them whole")
 
+    def counts(self):
+        """{"read": rows, "kept": samples, "skipped": {reason: rows}}: every row read is kept or skipped."""
+        return {"read": self.kept + sum(self.skipped.values()), "kept": self.kept, "skipped": dict(self.skipped)}
+
     def report(self):
         """The summary line, then the length warning on a line of its own if there is one."""
         warning = self.length_warning()
@@ -152,13 +157,13 @@ class SampleCounter:
 
 
 def sft_sample(tokenizer, prompt, chosen, max_seq_len, counter):
-    """Prompt + chosen answer + EOS, truncated to max_seq_len (None: not); labels are -100 on the prompt."""
+    """Prompt + chosen answer + EOS; labels are -100 on the prompt. A sample longer than max_seq_len (None: no
+    bound) is skipped, not cut: an answer cut before its EOS would teach the model never to stop."""
     prompt_ids = tokenize_prompt(tokenizer, prompt)
     input_ids = prompt_ids + tokenize_answer(tokenizer, chosen)
     counter.measure(len(input_ids), "--max_seq_len", max_seq_len)
-    input_ids = input_ids[:max_seq_len]
-    if len(input_ids) <= len(prompt_ids):
-        counter.skip_too_long("prompt fills --max_seq_len")
+    if max_seq_len is not None and len(input_ids) > max_seq_len:
+        counter.skip_too_long("longer than --max_seq_len with its EOS")
         return None
     counter.kept += 1
     return {"input_ids": input_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + input_ids[len(prompt_ids):]}
@@ -182,6 +187,25 @@ def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
     return {"chosen_ids": chosen_ids, "rejected_ids": rejected_ids, "prompt_len": len(prompt_ids)}
 
 
+def feedback_samples(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
+    """KTO's unpaired feedback from one row: prompt + answer + EOS, the prompt's length and whether the answer is
+    `desirable`, for its chosen answer (desirable) and its rejected one (undesirable), whichever it has: a pair
+    gives one of each and counts as two rows. An answer that does not fit whole in max_seq_len is skipped."""
+    samples = []
+    prompt_ids = tokenize_prompt(tokenizer, prompt)
+    for answer, desirable in ((chosen, True), (rejected, False)):
+        if answer is None:
+            continue
+        input_ids = prompt_ids + tokenize_answer(tokenizer, answer)
+        counter.measure(len(input_ids), "--max_seq_len", max_seq_len)
+        if max_seq_len is not None and len(input_ids) > max_seq_len:
+            counter.skip_too_long("longer than --max_seq_len with its EOS")
+            continue
+        counter.kept += 1
+        samples.append({"input_ids": input_ids, "prompt_len": len(prompt_ids), "desirable": desirable})
+    return samples
+
+
 def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
     """Prompt token ids for PPO rollouts, and the prompt's text (for reward functions and evaluation); a prompt
     longer than max_prompt_len (None: no bound) is skipped, not cut."""
@@ -194,12 +218,19 @@ def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
     return {"prompt_ids": prompt_ids, "prompt": prompt}
 
 
-def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter):
+def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpaired=False):
     samples = []
     for row in rows:
         prompt = raw.get_prompt(row)
         if prompt is None:
             counter.skip("no prompt")
+            continue
+        if unpaired:
+            chosen, rejected = raw.get_chosen(row), raw.get_rejected(row)
+            if chosen is None and rejected is None:
+                counter.skip("no answer")
+            else:
+                samples += feedback_samples(tokenizer, prompt, chosen, rejected, max_seq_len, counter)
             continue
         if train_phase == 3:
             sample = prompt_sample(tokenizer, prompt, max_seq_len, counter)
@@ -219,29 +250,68 @@ def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter):
 
 
 ANSWER_ROOM = 2
-"""An `auto` answer budget is this many times the longest reference answer: room for an answer somewhat longer
-than any reference (a longer one is cut, and step 3 penalises an answer without EOS)."""
+"""An `auto` answer budget is this many times the reference answers' length: room for an answer somewhat longer
+than the references (a longer one is cut, and step 3 penalises an answer without EOS)."""
 UNMEASURED_ANSWER_TOKENS = 64
 """The `auto` answer budget of data without reference answers (reasoning-gym tasks that any valid solution
 answers, such as graph_color): nothing to measure, so a fixed budget, printed, that a number given to the flag
 replaces (TRL's GRPO has a fixed default completion length for the same reason)."""
+AUTO_PERCENTILE = 95.0
+"""`auto` is the 95th percentile of the data's lengths: real data has a long tail, and its longest sample would
+set every batch's padding and memory for the sake of a few rows (those rows are dropped and counted)."""
+AUTO_LENGTH_CAP = 2048
+"""The most tokens an `auto` length takes when the tokenizer does not state the model's context."""
+
+
+def auto_percentile(length):
+    """The percentile a length flag's value asks for: `auto` AUTO_PERCENTILE, `auto:max` 100 (the longest
+    sample, nothing dropped), `auto:P` P in (0, 100]; None for a number of tokens (or None)."""
+    if not is_auto(length):
+        return None
+    if length == AUTO:
+        return AUTO_PERCENTILE
+    spec = length[len(AUTO) + 1:]
+    if spec == "max":
+        return 100.0
+    try:
+        percentile = float(spec)
+    except ValueError:
+        percentile = float("nan")
+    if not 0 < percentile <= 100:
+        raise ConfigError(f"length {length!r}: write auto (the {AUTO_PERCENTILE:g}th percentile of the data's "
+                          "lengths), auto:max (the longest) or auto:P with P in (0, 100]")
+    return percentile
+
+
+def percentile_length(lengths, percentile):
+    """The nearest-rank percentile of `lengths`: the least length that at least `percentile`% of them fit,
+    sorted(lengths)[ceil(percentile / 100 * n) - 1]; 0 for no lengths."""
+    if not lengths:
+        return 0
+    return sorted(lengths)[max(1, math.ceil(percentile / 100 * len(lengths))) - 1]
+
+
+def auto_length_cap(tokenizer):
+    """The most tokens an `auto` length may take: the model's context as its tokenizer states it, else
+    AUTO_LENGTH_CAP (Hugging Face stores a huge placeholder when the context is unknown)."""
+    context = getattr(tokenizer, "model_max_length", None)
+    return context if isinstance(context, int) and 0 < context < 10 ** 6 else AUTO_LENGTH_CAP
 
 
 def data_bound(length):
     """A length flag as create_prompt_dataset's bound: None (no bound: the data's own lengths) for `auto`."""
-    return None if length == AUTO else length
+    return None if auto_percentile(length) is not None else length
 
 
-def longest_sample(*datasets):
-    """The most tokens of any sequence of the samples: prompt + answer (phase 1), either side of a pair (phase 2),
-    a prompt (phase 3)."""
-    return max(len(sample[key]) for dataset in datasets for sample in dataset
-               for key in ("input_ids", "chosen_ids", "rejected_ids", "prompt_ids") if key in sample)
+def sample_length(sample):
+    """The most tokens of a sample's sequences: prompt + answer (phase 1), either side of a pair (phase 2), a
+    prompt (phase 3)."""
+    return max(len(sample[key]) for key in ("input_ids", "chosen_ids", "rejected_ids", "prompt_ids") if key in sample)
 
 
-def longest_answer(data_paths, seed, tokenizer):
-    """The most tokens of a reference (chosen) answer, with its EOS, over the train and eval rows of the data
-    sets; 0 when none has one. Each distinct answer is tokenized once."""
+def reference_answer_lengths(data_paths, seed, tokenizer):
+    """The tokens of each distinct reference (chosen) answer, with its EOS, over the train and eval rows of the
+    data sets; [] when none has one."""
     answers = set()
     for data_path in data_paths:
         raw = get_raw_dataset(data_path, seed)
@@ -249,7 +319,7 @@ def longest_answer(data_paths, seed, tokenizer):
             for row in rows if rows is not None else ():
                 answers.add(_reference_answer(raw, row))
     answers.discard(None)
-    return max((len(tokenize_answer(tokenizer, answer)) for answer in answers), default=0)
+    return [len(tokenize_answer(tokenizer, answer)) for answer in answers]
 
 
 def _reference_answer(raw, row):
@@ -265,33 +335,87 @@ LENGTH_FLAGS = ("max_seq_len", "max_prompt_seq_len", "max_answer_seq_len", "max_
 
 
 def fit_auto_lengths(args, data_paths, tokenizer, *datasets):
-    """Set each length flag of `args` given as `auto` to the data's own length:
+    """Set each length flag of `args` given as `auto` (`auto:max`, `auto:P`: auto_percentile) to the data's own
+    length, at most auto_length_cap(tokenizer):
 
-        --max_seq_len, --max_prompt_seq_len      the longest sample of `datasets` (built with no bound: data_bound)
-        --max_answer_seq_len, --max_new_tokens   ANSWER_ROOM x the longest reference answer of `data_paths`
+        --max_seq_len, --max_prompt_seq_len      the percentile of the sample lengths of `datasets` (built with no
+                                                 bound: data_bound); the samples longer than it are dropped from
+                                                 `datasets` (and from their `counts`), and the drop is said
+        --max_answer_seq_len, --max_new_tokens   ANSWER_ROOM x the percentile of the reference answers' lengths
+                                                 of `data_paths`
 
     Data without reference answers gets UNMEASURED_ANSWER_TOKENS for an answer length, and says so."""
-    fitted = []
+    cap = auto_length_cap(tokenizer)
+    fitted, bounds = [], []
     for name in LENGTH_FLAGS:
-        if getattr(args, name, None) != AUTO:
+        percentile = auto_percentile(getattr(args, name, None))
+        if percentile is None:
             continue
         if name in ("max_seq_len", "max_prompt_seq_len"):
-            value = longest_sample(*datasets)
+            lengths = [sample_length(sample) for dataset in datasets for sample in dataset]
+            measured = f"{percentile:g}th percentile of {len(lengths)} samples"
+            value = percentile_length(lengths, percentile)
         else:
-            value = ANSWER_ROOM * longest_answer(data_paths, args.seed, tokenizer)
+            lengths = reference_answer_lengths(data_paths, args.seed, tokenizer)
+            measured = f"{ANSWER_ROOM} x the {percentile:g}th percentile of {len(lengths)} reference answers"
+            value = ANSWER_ROOM * percentile_length(lengths, percentile)
             if value < 1:
-                value = UNMEASURED_ANSWER_TOKENS
+                value, measured = UNMEASURED_ANSWER_TOKENS, "no reference answers"
                 print_rank_0(f"--{name} auto: {', '.join(data_paths)} has no reference answers to measure; "
                              f"{value} tokens (give --{name} a number to change it)")
+        if value > cap:
+            value, measured = cap, f"{measured}: {value}, capped at {cap}"
         setattr(args, name, value)
-        fitted.append(name)
+        fitted.append(f"--{name} {value} ({measured})")
+        if name in ("max_seq_len", "max_prompt_seq_len"):
+            bounds.append((value, f"--{name} auto"))
     if fitted:
-        print_rank_0("lengths from the data: " + ", ".join(f"--{name} {getattr(args, name)}" for name in fitted))
+        print_rank_0("lengths from the data: " + ", ".join(fitted))
+    for value, flag in bounds:
+        drop_longer(datasets, value, flag)
+
+
+def drop_longer(datasets, limit, flag):
+    """Drop the samples longer than `limit` tokens (sample_length) from each ListDataset, in place, counting them
+    in its split's `counts` as skipped; one WARNING line when any is dropped. A data set left empty is a
+    DataError."""
+    dropped = []
+    for dataset in datasets:
+        kept = [sample for sample in dataset.samples if sample_length(sample) <= limit]
+        if len(kept) == len(dataset.samples):
+            continue
+        what = dataset.split or "data"
+        dropped.append(f"{len(dataset.samples) - len(kept)} of {len(dataset.samples)} {what} samples")
+        if dataset.counts and dataset.split in dataset.counts:
+            counts = dataset.counts[dataset.split]
+            reason = f"longer than {flag}"
+            counts["skipped"][reason] = counts["skipped"].get(reason, 0) + len(dataset.samples) - len(kept)
+            counts["kept"] = len(kept)
+        if not kept:
+            raise DataError(f"no {what} samples left within {flag} ({limit} tokens)")
+        dataset.samples = kept
+    if dropped:
+        print_rank_0(f"WARNING: {flag} ({limit} tokens) dropped {' and '.join(dropped)}, longer than it")
+
+
+def data_metrics(counts):
+    """A step's data counts (a ListDataset's `counts`) for its metrics.json: {"<split>_rows_read": n,
+    "<split>_rows_kept": n, ..., "rows_skipped": {"<split>": {reason: n}}}; {} for None."""
+    if not counts:
+        return {}
+    metrics = {}
+    for split, split_counts in counts.items():
+        metrics.update({f"{split}_rows_read": split_counts["read"], f"{split}_rows_kept": split_counts["kept"]})
+    return {**metrics, "rows_skipped": {split: dict(split_counts["skipped"]) for split, split_counts in counts.items()}}
 
 
 class ListDataset(torch.utils.data.Dataset):
-    def __init__(self, samples):
-        self.samples = samples
+    """Samples in a list. Those of create_prompt_dataset say which `split` they are and share `counts`, the rows
+    of each split built with them: {split: {"read": rows, "kept": samples, "skipped": {reason: rows}}} (else
+    None)."""
+
+    def __init__(self, samples, counts=None, split=None):
+        self.samples, self.counts, self.split = samples, counts, split
 
     def __len__(self):
         return len(self.samples)
@@ -300,30 +424,37 @@ class ListDataset(torch.utils.data.Dataset):
         return self.samples[index]
 
 
-def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed, tokenizer, max_seq_len):
-    """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths`, shuffled together.
+def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed, tokenizer, max_seq_len,
+                          unpaired=False):
+    """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths`, shuffled together; with
+    `unpaired`, KTO's labelled answers from the phase's rows instead (feedback_samples).
 
-    `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3 (None: no bound)."""
+    `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3 (None: no bound). Each dataset
+    carries the `counts` of both splits: rows read, samples kept, rows skipped by reason (data_metrics)."""
     if train_phase not in PHASES:
         raise ConfigError(f"train_phase must be 1, 2 or 3, not {train_phase}")
     parse_data_split(data_split)
-    datasets = {}
+    datasets, counts = {}, {}
     for split_name in ("train", "eval"):
         counter = SampleCounter(f"phase {train_phase} {split_name}")
-        samples = []
+        samples, rows_in_part, rows_in_all = [], 0, 0
         for data_path in data_paths:
             raw = get_raw_dataset(data_path, seed)
             rows = raw.get_train_data() if split_name == "train" else raw.get_eval_data()
             part = split_part_indices(output_path, raw.clean_name, seed, split_name, data_split, train_phase - 1,
                                       len(rows))
+            rows_in_part, rows_in_all = rows_in_part + len(part), rows_in_all + len(rows)
             samples += build_samples(raw, rows.select(part.tolist()), train_phase, tokenizer, max_seq_len,
-                                     counter)
+                                     counter, unpaired)
         print_rank_0(counter.report())
         if not samples:
+            why = ("see the skipped counts above" if rows_in_part else
+                   f"part {train_phase} of --data_split {data_split} holds none of the {rows_in_all} {split_name} rows")
             raise DataError(f"no {split_name} data left for phase {train_phase} from {', '.join(data_paths)} "
-                            f"with --data_split {data_split} (see the skipped counts above)")
+                            f"with --data_split {data_split} ({why})")
         order = shuffled_indices(seed, len(samples))
-        datasets[split_name] = ListDataset([samples[i] for i in order])
+        counts[split_name] = counter.counts()
+        datasets[split_name] = ListDataset([samples[i] for i in order], counts, split_name)
     return datasets["train"], datasets["eval"]
 
 
@@ -390,6 +521,30 @@ class DataCollatorPreference(DataCollatorReward):
         if "ref_chosen_logps" in samples[0]:
             batch["ref_logps"] = torch.tensor([s["ref_chosen_logps"] for s in samples]
                                               + [s["ref_rejected_logps"] for s in samples], dtype=torch.float32)
+        return batch
+
+
+@dataclass
+class DataCollatorFeedback:
+    """KTO's batch of labelled answers (feedback_samples): `input_ids` and `attention_mask` right-padded,
+    `answer_mask` over their next-token labels (answer_label_mask), `desirable` (B,) bool; and the mismatched pairs
+    of KTO's KL estimate, each prompt with the answer of the row before it (the first prompt with the last row's
+    answer), as `kl_input_ids`, `kl_attention_mask` and `kl_answer_mask`."""
+    pad_token_id: int
+
+    def __call__(self, samples):
+        matched = [(s["input_ids"], s["prompt_len"]) for s in samples]
+        mismatched = [(s["input_ids"][:s["prompt_len"]] + other["input_ids"][other["prompt_len"]:], s["prompt_len"])
+                      for s, other in zip(samples, samples[-1:] + samples[:-1])]
+        batch = {"desirable": torch.tensor([bool(s["desirable"]) for s in samples])}
+        for prefix, rows in (("", matched), ("kl_", mismatched)):
+            sequences = [sequence for sequence, _ in rows]
+            input_ids = pad_right(sequences, self.pad_token_id)
+            width = input_ids.shape[1]
+            batch[f"{prefix}input_ids"] = input_ids
+            batch[f"{prefix}attention_mask"] = attention_mask_right(sequences)
+            batch[f"{prefix}answer_mask"] = torch.tensor([answer_label_mask(prompt_len, len(sequence), width)
+                                                          for sequence, prompt_len in rows], dtype=torch.float32)
         return batch
 
 

@@ -21,6 +21,12 @@ Local data files may hold any of these, row by row (the row's `chosen` decides w
    message the answer) and no `rejected` (step 1 as well); the missing answers are None, and a step that needs
    them skips the row (counted in its log).
 
+5. **Unpaired feedback** (KTO; TRL's unpaired preference form): `prompt`, one answer in `completion` (a string, or
+   messages as in shape 3) and `label`, true for a desirable answer and false for an undesirable one:
+   `{"prompt": " Human: What is 7 + 12? Assistant:", "completion": " 21", "label": false}`. A desirable answer is
+   read as the row's `chosen` (step 1 imitates it), an undesirable one as its `rejected` with no `chosen`; KTO
+   (training/step2_kto_finetuning/) takes both, and every pair of the shapes above as one of each.
+
 Anything else is a `DataError` naming the row and field.
 """
 from __future__ import annotations
@@ -39,6 +45,8 @@ ASSISTANT_MARK = "Assistant:"
 def read_pair(value: dict, where: str) -> dict[str, str | None]:
     """{"prompt", "chosen", "rejected"} in the text form from one row of any of the module's shapes (answers None
     where the row has none); `where` ("<file>: row 3 (line 4)") starts every error."""
+    if "label" in value and "completion" in value and "chosen" not in value:  # KTO's unpaired feedback
+        return _labelled(value, where)
     if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
         value = {**value, "chosen": value["completion"]}
     if "messages" in value and not {"prompt", "chosen"} & set(value):  # a chat: its last message is the answer
@@ -80,6 +88,25 @@ def _unpaired(value: dict, where: str) -> dict[str, str | None]:
     twin = {**value, "rejected": chosen}  # read as a pair with itself, then the copy dropped
     pair = _messages_pair(twin, where) if isinstance(chosen, list) else read_pair(twin, where)
     return {**pair, "rejected": None}
+
+
+def _labelled(value: dict, where: str) -> dict[str, str | None]:
+    """A prompt with one answer (`completion`) labelled desirable (`label` true: the row's chosen) or undesirable
+    (false: its rejected, with no chosen)."""
+    label = value["label"]
+    if not isinstance(label, bool):
+        raise DataError(f"{where}: field 'label' must be true (a desirable completion) or false (an undesirable one), "
+                        f"got {label!r}")
+    if "rejected" in value:
+        raise DataError(f"{where}: field 'rejected' does not go with 'label' (a labelled row has one answer, in "
+                        "'completion')")
+    if "prompt" not in value:
+        raise DataError(f"{where}: missing field 'prompt' (a labelled completion needs its prompt)")
+    try:
+        pair = _unpaired({"prompt": value["prompt"], "chosen": value["completion"]}, where)
+    except DataError as err:  # the answer is read as a chosen one: name the field the row has
+        raise DataError(str(err).replace("field 'chosen'", "field 'completion'")) from None
+    return pair if label else {**pair, "chosen": None, "rejected": pair["chosen"]}
 
 
 def _dialogues_pair(chosen: str, rejected: str, where: str) -> dict[str, str]:

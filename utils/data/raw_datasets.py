@@ -60,6 +60,7 @@ import numpy as np
 from utils.data import builtin_task as task
 from utils.data.pair_formats import read_pair
 from utils.data.prompting import text_prompt
+from utils.data.text_files import check_text, read_lines, read_text, regular_file
 from utils.runtime.paths import cache_dir
 
 __all__ = [
@@ -110,19 +111,18 @@ def split_train_eval(n: int, seed: int, what: str) -> tuple[list[int], list[int]
     return perm[: n - n_eval], perm[n - n_eval:]
 
 
-def _parse_json_rows(path: Path, text: str) -> list[tuple[Any, str]]:
-    """(value, where) for each record of a JSON array or JSON-lines text."""
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-        if not isinstance(data, list):  # e.g. "[1] 2" cannot get here, but be safe
-            raise DataError(f"{path}: expected a JSON array of objects or JSON lines")
-        return [(value, f"row {i}") for i, value in enumerate(data)]
+def _json_rows(path: Path) -> list[tuple[Any, str]]:
+    """(value, where) for each record of a JSON array or JSON-lines file (utils.data.text_files reads it: UTF-8
+    only, a JSON-lines file a line at a time, each line at most MAX_LINE_BYTES)."""
+    regular_file(path)
+    with open(path, "rb") as f:
+        start = f.read(4096)
+    if start.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):  # a JSON array, which may be one long line
+        return _parse_json_array(path, read_text(path))
     records = []
-    # JSON lines end at "\n" only: str.splitlines would also split at U+2028, U+0085... that JSON strings may hold.
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    # JSON lines end at "\n" only (read_lines): str.splitlines would also split at U+2028, U+0085... that JSON
+    # strings may hold.
+    for lineno, line in read_lines(path):
         if not line.strip():
             continue
         try:
@@ -131,6 +131,35 @@ def _parse_json_rows(path: Path, text: str) -> list[tuple[Any, str]]:
             raise DataError(f"{path}: malformed JSON on line {lineno} (column {exc.colno}): {exc.msg}") from None
         records.append((value, f"row {len(records)} (line {lineno})"))
     return records
+
+
+def _check_strings(value: Any, where: str) -> None:
+    """Refuse a row whose fields hold a lone surrogate (a JSON `\\ud800` escape): naming the row's field."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_strings_in(item, f"{where}: field '{key}'")
+
+
+def _check_strings_in(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        check_text(value, where)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_strings_in(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_strings_in(item, where)
+
+
+def _parse_json_array(path: Path, text: str) -> list[tuple[Any, str]]:
+    """(value, where) for each record of a JSON array's text."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, list):  # e.g. "[1] 2" cannot get here, but be safe
+        raise DataError(f"{path}: expected a JSON array of objects or JSON lines")
+    return [(value, f"row {i}") for i, value in enumerate(data)]
 
 
 def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
@@ -152,23 +181,19 @@ def read_local_split(path: str | os.PathLike) -> datasets.Dataset:
     are dropped. Rows are numbered from 0 in the messages, lines from 1. Returns a
     `datasets.Dataset` with exactly the columns prompt, chosen and rejected, in the text form.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
+    path = regular_file(path)
     if path.suffix.lower() == ".parquet":
         records = _parquet_rows(path)
     else:
         try:
-            text = path.read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+            records = _json_rows(path)
         except OSError as exc:
             raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-        records = _parse_json_rows(path, text)
     rows = []
     for value, where in records:
         if not isinstance(value, dict):
             raise DataError(f"{path}: {where}: expected a JSON object, got {type(value).__name__}")
+        _check_strings(value, f"{path}: {where}")
         rows.append(read_pair(value, f"{path}: {where}"))
     if not rows:
         raise DataError(f"{path}: no rows (the split is empty)")
@@ -498,6 +523,8 @@ class LocalJsonFile(FieldsAsWritten, RawDataset):
             self._train = rows.select(train, keep_in_memory=True)
             self._eval = rows.select(evl, keep_in_memory=True)
             files = (self.path,)
+        elif self.path.exists():
+            regular_file(self.path)  # a named pipe, a device: refused by name
         else:
             raise DataError(f"{self.path}: no such file or directory")
         label = self.path.stem if self.path.is_file() else self.path.resolve().name

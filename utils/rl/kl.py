@@ -1,14 +1,51 @@
-"""KL between the policy and the frozen reference: per-token estimators and the coefficient controllers."""
+"""KL between the policy and the frozen reference: per-token estimators and the coefficient controllers.
+
+The estimators are a registry, KL_ESTIMATORS, from which --kl_estimator's and --kl_loss_estimator's choices and
+help and `kl_penalty`'s dispatch are derived. A new estimator is one function of r = log(pi_ref / pi) and one row:
+
+    KL_ESTIMATORS["my_kl"] = KLEstimator(my_kl, help="...")
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+
+@dataclass(frozen=True)
+class KLEstimator:
+    """A per-token estimate of KL(pi || pi_ref) from r = ref_logprobs - logprobs at tokens sampled from pi."""
+    estimate: Callable  # r (any shape) -> the per-token estimate, elementwise
+    help: str  # one phrase for the flags' help
+
+
+def _k1(r: torch.Tensor) -> torch.Tensor:
+    """k1 = -r = logprobs - ref_logprobs."""
+    return -r
+
+
+def _k2(r: torch.Tensor) -> torch.Tensor:
+    """k2 = r^2 / 2."""
+    return 0.5 * r**2
+
+
+def _k3(r: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(r) - 1 - r, computed exactly (no clamping of r)."""
+    return torch.expm1(r) - r
+
+
+KL_ESTIMATORS = {
+    "k1": KLEstimator(_k1, "log-prob difference, unbiased, can be negative per token"),
+    "k2": KLEstimator(_k2, "half the squared log-ratio, biased, never negative"),
+    "k3": KLEstimator(_k3, "exp(r) - 1 - r, unbiased and never negative"),
+}
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi (Schulman 2020).
+    """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi (Schulman 2020), by the KL_ESTIMATORS row
+    `estimator`.
 
     With r = ref_logprobs - logprobs = log(pi_ref / pi) at the sampled token:
         k1 = -r               = logprobs - ref_logprobs   unbiased, can be negative per token
@@ -18,14 +55,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     Elementwise, any shape. Unknown estimator -> ValueError. k3 is computed exactly (no clamping of r), so a
     huge log-ratio (r > ~88 in float32) overflows to inf.
     """
-    r = ref_logprobs - logprobs
-    if estimator == "k1":
-        return -r
-    if estimator == "k2":
-        return 0.5 * r**2
-    if estimator == "k3":
-        return torch.expm1(r) - r
-    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {tuple(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[estimator].estimate(ref_logprobs - logprobs)
 
 
 class FixedKLController:

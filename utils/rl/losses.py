@@ -9,9 +9,15 @@ pairs) and stats, detached 0-dim tensors:
   chosen_rewards / rejected_rewards  mean implicit reward of the chosen / rejected answers (see each loss);
   margins                            mean of chosen reward - rejected reward;
   accuracy                           fraction of pairs whose chosen reward is strictly above the rejected one.
+
+Which loss a run uses is a row of a registry: step 3's --policy_loss of `utils/rl/policy_losses.py`, DPO's
+--loss_type of `utils/rl/preference_losses.py`, and --loss_agg_mode of LOSS_AGG_MODES below.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +25,45 @@ import torch.nn.functional as F
 from utils.rl.kl import kl_penalty
 from utils.rl.tokens import masked_mean, masked_sum
 
-LOSS_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+
+@dataclass(frozen=True)
+class LossAggregation:
+    """A way of making a per-token loss (B, A) one number over the real tokens (--loss_agg_mode)."""
+    aggregate: Callable  # (losses (B, A), action_mask (B, A)) -> 0-dim tensor
+    help: str  # one phrase for --loss_agg_mode's help
+
+
+def _mean_over_answers(per_row: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """mean_b of a per-answer value over the rows with at least one real token."""
+    has_tokens = (action_mask.sum(dim=1) > 0).to(per_row.dtype)
+    return masked_mean(per_row, has_tokens)
+
+
+def _token_mean(losses: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    return masked_mean(losses, action_mask)
+
+
+def _seq_mean_token_sum(losses: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    return _mean_over_answers(masked_sum(losses, action_mask, dim=1), action_mask)
+
+
+def _seq_mean_token_mean(losses: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    return _mean_over_answers(masked_mean(losses, action_mask, dim=1), action_mask)
+
+
+# The registry of --loss_agg_mode: the flag's choices and help and `aggregate_loss`'s dispatch come from it; a new
+# mode is one function (losses, action_mask) -> loss and one row.
+LOSS_AGG_MODES = {
+    "token_mean": LossAggregation(_token_mean, "the mean over all real tokens of the batch (PPO, DAPO)"),
+    "seq_mean_token_sum": LossAggregation(_seq_mean_token_sum,
+                                          "each answer's sum over its tokens, averaged over answers (Dr. GRPO)"),
+    "seq_mean_token_mean": LossAggregation(_seq_mean_token_mean,
+                                           "each answer's mean over its tokens, averaged over answers (GRPO)"),
+}
 
 
 def aggregate_loss(losses: torch.Tensor, action_mask: torch.Tensor, mode: str = "token_mean") -> torch.Tensor:
-    """A per-token loss (B, A) made one number, over the real tokens only:
+    """A per-token loss (B, A) made one number, over the real tokens only, by the LOSS_AGG_MODES row `mode`:
 
         token_mean           sum_bt m_bt l_bt / sum_bt m_bt            every token weighs the same (PPO, DAPO)
         seq_mean_token_sum   mean_b  sum_t m_bt l_bt                   every token weighs the same, the batch's
@@ -34,14 +74,9 @@ def aggregate_loss(losses: torch.Tensor, action_mask: torch.Tensor, mode: str = 
     counts for nothing, as if it were not in the batch. No real token at all: 0 (gradient 0). Unknown mode:
     ValueError.
     """
-    if mode == "token_mean":
-        return masked_mean(losses, action_mask)
     if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
-    per_row = masked_sum(losses, action_mask, dim=1) if mode == "seq_mean_token_sum" else masked_mean(
-        losses, action_mask, dim=1)
-    has_tokens = (action_mask.sum(dim=1) > 0).to(per_row.dtype)
-    return masked_mean(per_row, has_tokens)
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {tuple(LOSS_AGG_MODES)}")
+    return LOSS_AGG_MODES[mode].aggregate(losses, action_mask)
 
 
 def policy_loss(
@@ -146,9 +181,6 @@ def pairwise_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) ->
     return -F.logsigmoid(chosen_scores.float() - rejected_scores.float()).mean()
 
 
-PREFERENCE_LOSS_TYPES = ("sigmoid", "ipo", "simpo")
-
-
 def _smoothed_logsigmoid_loss(logits: torch.Tensor, label_smoothing: float) -> torch.Tensor:
     """-(1 - eps) log sigmoid(z) - eps log sigmoid(-z), mean over pairs: the logistic loss on a preference label
     that is wrong with probability eps (eps = 0: -log sigmoid(z))."""
@@ -244,29 +276,3 @@ def chosen_nll(policy_chosen_logps: torch.Tensor, chosen_lengths: torch.Tensor) 
 
     Added to a preference loss, it keeps the chosen answers' likelihood from falling with the rejected ones'."""
     return (-policy_chosen_logps.float() / chosen_lengths.float().clamp(min=1)).mean()
-
-
-def preference_loss(
-    loss_type: str,
-    policy_chosen_logps: torch.Tensor,
-    policy_rejected_logps: torch.Tensor,
-    ref_chosen_logps: torch.Tensor | None,
-    ref_rejected_logps: torch.Tensor | None,
-    chosen_lengths: torch.Tensor,
-    rejected_lengths: torch.Tensor,
-    *,
-    beta: float,
-    label_smoothing: float = 0.0,
-    simpo_gamma: float = 0.5,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss of `loss_type` ("sigmoid": DPO, "ipo", "simpo") on one batch of pairs. The reference log-probs
-    are unused (and may be None) for SimPO, the answer lengths for the others; IPO takes no label smoothing."""
-    if loss_type == "sigmoid":
-        return dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta,
-                        label_smoothing)
-    if loss_type == "ipo":
-        return ipo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta)
-    if loss_type == "simpo":
-        return simpo_loss(policy_chosen_logps, policy_rejected_logps, chosen_lengths, rejected_lengths, beta,
-                          simpo_gamma, label_smoothing)
-    raise ValueError(f"unknown preference loss {loss_type!r} (one of {', '.join(PREFERENCE_LOSS_TYPES)})")

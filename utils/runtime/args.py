@@ -1,4 +1,6 @@
-"""Command-line flags shared by the steps, under DeepSpeed-Chat's names."""
+"""Command-line flags shared by the steps and tools, under DeepSpeed-Chat's names: each flag is declared once, in a
+group function (or a one-flag function where scripts place it in different groups), and every numeric flag's range
+is one row of FLAG_RANGES."""
 import json
 import math
 from pathlib import Path
@@ -8,40 +10,162 @@ from utils.runtime.errors import (ArgumentParser,  # noqa: F401 (ArgumentParser:
                                   ConfigError)
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+ZERO_STAGES = (0, 1, 2, 3)
 AUTO = "auto"
-"""A length flag's value asking for the data's own length (utils.data.data_utils.fit_auto_lengths)."""
+"""A length flag's value asking for the data's own length (utils.data.data_utils.fit_auto_lengths); also
+`auto:max` and `auto:P` (is_auto)."""
+AUTO_FORMS = "auto, auto:max or auto:P with P in (0, 100]"
 
 
-def add_data_args(parser, default_max_seq_len=256):
+def is_auto(value):
+    """True for a length flag's `auto`, `auto:max` or `auto:P`: the data's own length, measured once the tokenizer
+    is loaded (length_or_auto checks the form; utils.data.data_utils.auto_percentile reads it)."""
+    return isinstance(value, str) and (value == AUTO or value.startswith(AUTO + ":"))
+
+
+def registry_help(rows, source):
+    """A registry flag's help: each name of `rows` ({name: row with a `help` phrase}) with its phrase, and the file
+    that holds the rows (a phrase's % kept as itself by argparse)."""
+    return "; ".join(f"{name}: {row.help}" for name, row in rows.items()).replace("%", "%%") + f" ({source})."
+
+
+def add_data_args(parser, default_max_seq_len=256, data_path_nargs="*"):
+    """The data sets and their split (`utils/data/data_utils.py`), with --max_seq_len unless default_max_seq_len is
+    None."""
     group = parser.add_argument_group("data")
-    group.add_argument("--data_path", nargs="*", default=["builtin"],
-                       help="Data sets: DeepSpeed-Chat registry names (e.g. Dahoas/rm-static), local/jsonfile, a "
-                            "local folder or .json/.jsonl file, 'builtin' (the built-in task, offline), or reasoning-gym "
-                            "tasks, 'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym extra).")
+    add_data_path_arg(group, nargs=data_path_nargs)
     group.add_argument("--data_split", type=str, default="2,4,4",
                        help="Proportions of each data set for steps 1, 2 and 3, e.g. 2,4,4.")
     group.add_argument("--data_output_path", type=str, default="/tmp/data_files/",
                        help="Where the shuffled split indices are cached (a local, non-shared folder).")
     if default_max_seq_len is not None:  # step 3 has --max_prompt_seq_len and --max_answer_seq_len instead
-        group.add_argument("--max_seq_len", type=length_or_auto, default=default_max_seq_len,
-                           help="Maximum tokens of prompt + answer, or auto: the longest prompt + answer of the "
-                                "data; default %(default)s.")
+        add_max_seq_len_arg(group, default_max_seq_len)
     return group
+
+
+def add_data_path_arg(group, nargs="*", help=None):
+    group.add_argument("--data_path", nargs=nargs, default=["builtin"],
+                       help=help or "Data sets: DeepSpeed-Chat registry names (e.g. Dahoas/rm-static), local/jsonfile, "
+                                    "a local folder or .json/.jsonl file, 'builtin' (the built-in task, offline), or "
+                                    "reasoning-gym tasks, 'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym "
+                                    "extra).")
+
+
+def add_max_seq_len_arg(group, default=256, auto=True, default_help="%(default)s"):
+    """The longest sample in tokens (auto: also `auto`, `auto:max`, `auto:P`: the data's own); `default_help` says
+    what the default is."""
+    auto_help = (", or auto: the 95th percentile of the data's prompt + answer lengths, longer rows dropped (auto:max "
+                 "the longest, auto:P the P-th), at most the model's context") if auto else ""
+    group.add_argument("--max_seq_len", type=length_or_auto if auto else int, default=default,
+                       help="Maximum tokens of prompt + answer + EOS: a longer sample or pair is skipped and counted "
+                            f"(an answer is never cut before its EOS){auto_help}; default {default_help}.")
 
 
 def add_model_args(parser):
     group = parser.add_argument_group("model")
-    group.add_argument("--model_name_or_path", type=str, default="tiny",
-                       help="A Hugging Face model name or folder, or a built-in name: tiny, smollm2-135m.")
+    add_model_name_or_path_arg(group)
     group.add_argument("--dropout", type=float, default=None,
                        help="Set every dropout probability of the model to this; unset keeps the model's own.")
     add_trust_remote_code_arg(group)
     return group
 
 
+def add_model_name_or_path_arg(group, help="A Hugging Face model name or folder, or a built-in name: tiny, "
+                                           "smollm2-135m.", required=False):
+    """The model a script trains or runs (default tiny, unless required)."""
+    group.add_argument("--model_name_or_path", type=str, required=required, default=None if required else "tiny",
+                       help=help)
+
+
 def add_trust_remote_code_arg(group):
     group.add_argument("--trust_remote_code", action="store_true",
                        help="Allow the model folder's own Python code to run (off by default).")
+
+
+def add_dtype_arg(group, inference=False):
+    """The precision of a step's engines or (inference: the tools that run a model on the CPU) of that model."""
+    group.add_argument("--dtype", type=str, default="auto", choices=DTYPES,
+                       help="Precision; auto is bf16 where the hardware runs it natively (" + (
+                           "a CPU with AMX or AVX-512 BF16), else fp32 (said at start-up)." if inference else
+                           "a GPU with bf16, a CPU with AMX or AVX-512 BF16), else fp16 on CUDA and fp32 on a CPU."))
+
+
+def add_seed_arg(group, default=1234, covers="the data split and order, the initialisation and the sampling"):
+    group.add_argument("--seed", type=int, default=default,
+                       help=f"Random seed of {covers}, for reproducible runs; default %(default)s.")
+
+
+def add_batch_size_arg(group, what="Prompts generated together"):
+    """The batch of a tool that runs a model (the steps have --per_device_*_batch_size)."""
+    group.add_argument("--batch_size", type=int, default=32, help=f"{what}; default %(default)s.")
+
+
+def add_output_dir_arg(group, help="Where to store the model (a Hugging Face folder; required).", required=False):
+    group.add_argument("--output_dir", type=str, required=required, default=None, help=help)
+
+
+def add_output_json_arg(group, what="the scores"):
+    """An evaluation's result file (check it with `check_output_file("--output_json", ...)`)."""
+    group.add_argument("--output_json", type=str, default=None, help=f"Write {what} here (JSON).")
+
+
+def add_reward_fn_arg(group, role, required=False):
+    """A reward function (utils/rl/reward_fns.py) by its spec; `role` says what the script does with it."""
+    group.add_argument("--reward_fn", type=str, required=required, default=None,
+                       help=f"{role}: builtin (the built-in task's checker, [0, 1]), reasoning_gym (the verifier of "
+                            "--data_path's reasoning-gym tasks), a registered name, package.module:function or "
+                            "path/to/file.py:function, called on (prompts, answers) -> floats "
+                            "(utils/rl/reward_fns.py).")
+
+
+def add_num_padding_at_beginning_arg(group, passed_to="recorded in the saved config"):
+    group.add_argument("--num_padding_at_beginning", type=int, default=0,
+                       help=f"DeepSpeed-Chat's flag for OPT-style tokenizers (padding tokens a sequence starts with), "
+                            f"{passed_to}; the end score is found from the attention mask, so padding never moves it.")
+
+
+def add_offload_reference_model_arg(group):
+    group.add_argument("--offload_reference_model", action="store_true",
+                       help="Enable ZeRO Offload for the frozen reference model: its parameters on the CPU (ZeRO-3).")
+
+
+def add_sampling_args(group, what="the answers", temperature_also=""):
+    """Temperature and nucleus top-p of sampled answers (step 3's rollouts, the tools' answers)."""
+    group.add_argument("--temperature", type=float, default=1.0,
+                       help=f"Sampling temperature of {what}{temperature_also} (> 0); default %(default)s.")
+    group.add_argument("--top_p", type=float, default=1.0,
+                       help=f"Nucleus sampling of {what}: keep the smallest set of tokens whose probability reaches "
+                            "this (1: off); default %(default)s.")
+
+
+def add_generation_args(parser, *, fallback_length=16, auto_length=False, greedy=False, samples_per_prompt=None,
+                        samples_help="", batch_size=True, covers="the sampling"):
+    """The flags of a tool that answers prompts with a model on the CPU (chat.py, prompt_eval.py, sample_pairs.py),
+    in one "generation" group, returned: --max_new_tokens (default None: the answer length the model was trained to,
+    else `fallback_length`; auto_length: also `auto`), --temperature, --top_p, --greedy (if `greedy`),
+    --samples_per_prompt (if a default is given; `samples_help` ends its help), --batch_size (if `batch_size`),
+    --seed (`covers`: what it seeds), --dtype and --trust_remote_code. A tool sets other defaults with
+    parser.set_defaults."""
+    group = parser.add_argument_group("generation")
+    group.add_argument("--max_new_tokens", type=length_or_auto if auto_length else int, default=None,
+                       help="The longest answer, in tokens" + (
+                           ", or auto: twice the 95th percentile of the reference answers' lengths of --data_path "
+                           "(auto:max: twice the longest)" if auto_length else "") +
+                            " (default: the answer length the model was trained to, from its saved settings; else "
+                            f"{fallback_length}).")
+    add_sampling_args(group)
+    if greedy:
+        group.add_argument("--greedy", action="store_true",
+                           help="Greedy decoding only: the most likely token at each step instead of sampling.")
+    if samples_per_prompt is not None:
+        group.add_argument("--samples_per_prompt", type=int, default=samples_per_prompt,
+                           help=f"Answers sampled per prompt{samples_help}; default %(default)s.")
+    if batch_size:
+        add_batch_size_arg(group)
+    add_seed_arg(group, covers=covers)
+    add_dtype_arg(group, inference=True)
+    add_trust_remote_code_arg(group)
+    return group
 
 
 def add_training_args(parser, default_lr=1e-3, default_epochs=1):
@@ -81,16 +205,14 @@ def add_schedule_args(group, default_epochs=1, default_warmup_steps=0, steps="op
                             "last optimizer step.")
     group.add_argument("--num_warmup_steps", type=int, default=default_warmup_steps,
                        help="Number of optimizer steps for the warmup in the lr scheduler; default %(default)s.")
-    group.add_argument("--seed", type=int, default=1234,
-                       help="A seed for reproducible training: data split and order, initialisation, sampling.")
-    group.add_argument("--output_dir", type=str, default=None,
-                       help="Where to store the model (a Hugging Face folder; required).")
+    add_seed_arg(group)
+    add_output_dir_arg(group)
     return group
 
 
-def add_deepspeed_args(parser, zero_stages=None, config_applies_to="the model's training engine"):
-    """The flags of the DeepSpeed engines. zero_stages: {flag: help} of a step that trains several models (step 3:
-    actor and critic), each with its own ZeRO stage; default one --zero_stage. config_applies_to: which engines a
+def add_deepspeed_args(parser, zero_stage=True, config_applies_to="the model's training engine"):
+    """The flags of the DeepSpeed engines. zero_stage: the one model's --zero_stage (a step that trains several
+    models, step 3, declares a stage per model in the returned group). config_applies_to: which engines a
     --deepspeed_config file configures."""
     group = parser.add_argument_group("deepspeed")
     group.add_argument("--local_rank", type=int, default=-1,
@@ -98,13 +220,11 @@ def add_deepspeed_args(parser, zero_stages=None, config_applies_to="the model's 
     group.add_argument("--offload", action="store_true",
                        help="Enable ZeRO Offload techniques: optimizer state (and at ZeRO-3 parameters) on the CPU "
                             "(DeepSpeedCPUAdam); needs ZeRO stage 1, 2 or 3.")
-    group.add_argument("--dtype", type=str, default="auto", choices=DTYPES,
-                       help="Training precision; auto is bf16 where the hardware runs it natively (a GPU with bf16, "
-                            "a CPU with AMX or AVX-512 BF16), else fp16 on CUDA and fp32 on a CPU.")
-    stage_help = ("ZeRO optimization stage of the model: 0 none, 1 partitions optimizer state across processes, "
-                  "2 also gradients, 3 also parameters.")
-    for flag, help_text in (zero_stages or {"--zero_stage": stage_help}).items():
-        group.add_argument(flag, type=int, default=0, choices=(0, 1, 2, 3), help=help_text)
+    add_dtype_arg(group)
+    if zero_stage:
+        group.add_argument("--zero_stage", type=int, default=0, choices=ZERO_STAGES,
+                           help="ZeRO optimization stage of the model: 0 none, 1 partitions optimizer state across "
+                                "processes, 2 also gradients, 3 also parameters.")
     import deepspeed
 
     deepspeed.add_config_arguments(parser)
@@ -168,10 +288,10 @@ def add_eval_interval_args(group):
 
 def add_checkpoint_args(parser):
     group = parser.add_argument_group("checkpoints")
-    group.add_argument("--save_steps", type=_at_least(0), default=0,
+    group.add_argument("--save_steps", type=int, default=0,
                        help="Save a resumable checkpoint in <output_dir>/checkpoints/ every N optimizer steps (step 3: "
                             "prompt batches) and at the last one; 0: never.")
-    group.add_argument("--save_total_limit", type=_at_least(1), default=2,
+    group.add_argument("--save_total_limit", type=int, default=2,
                        help="Keep the newest N checkpoints (older ones are deleted once a new one is complete).")
     group.add_argument("--resume", action="store_true",
                        help="Resume from the latest complete checkpoint in <output_dir>/checkpoints/ (start from "
@@ -204,31 +324,26 @@ def training_flags(args, step):
     return json.loads(json.dumps(flags))
 
 
-def _at_least(minimum):
-    """An argparse `type`: an int of at least `minimum` (else a one-line error naming the flag)."""
-    from argparse import ArgumentTypeError
-
-    def parse(text):
-        value = int(text)
-        if value < minimum:
-            raise ArgumentTypeError(f"must be at least {minimum}, not {value}")
-        return value
-
-    parse.__name__ = "int"
-    return parse
-
-
 def length_or_auto(text):
-    """An argparse `type` of a length flag: a positive number of tokens, or `auto` (the data's own length, fixed
-    once the tokenizer is loaded: utils.data.data_utils.fit_auto_lengths)."""
+    """An argparse `type` of a length flag: a positive number of tokens, or `auto`, `auto:max`, `auto:P` with P in
+    (0, 100] (the data's own length, fixed once the tokenizer is loaded: utils.data.data_utils.fit_auto_lengths)."""
     from argparse import ArgumentTypeError
 
-    if text == AUTO:
-        return AUTO
+    if is_auto(text):
+        spec = text[len(AUTO) + 1:]
+        try:
+            percentile = 100.0 if text == AUTO or spec == "max" else float(spec)
+        except ValueError:
+            percentile = float("nan")
+        if not 0 < percentile <= 100:
+            raise ArgumentTypeError(f"must be a positive number of tokens or {AUTO}, not {text!r} ({AUTO}'s forms: "
+                                    f"{AUTO_FORMS})")
+        return text
     try:
         value = int(text)
     except ValueError:
-        raise ArgumentTypeError(f"must be a positive number of tokens or {AUTO}, not {text!r}") from None
+        raise ArgumentTypeError(f"must be a positive number of tokens or {AUTO}, not {text!r} ({AUTO}'s forms: "
+                                f"{AUTO_FORMS})") from None
     if value < 1:
         raise ArgumentTypeError(f"must be at least 1 (or {AUTO}), not {value}")
     return value
@@ -245,22 +360,33 @@ def _non_negative(value):
     return value >= 0
 
 
-# The range of each numeric flag a step may have, checked for the flags it has. Written as comparisons that a NaN
-# fails (NaN > 0 and NaN <= 0 are both false), so NaN is refused everywhere; inf too.
+# The range of each numeric flag a script may have, checked for the flags it has (a name means the same thing in
+# every script that has it). Written as comparisons that a NaN fails (NaN > 0 and NaN <= 0 are both false), and
+# every value must be finite, so NaN and inf are refused everywhere. Checks that relate two flags, or that depend
+# on another flag's value, stay with the script.
 FLAG_RANGES = {
     **dict.fromkeys(("learning_rate", "lora_learning_rate", "actor_learning_rate", "critic_learning_rate",
                      "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange",
-                     "cliprange_value", "adaptive_kl_horizon"), ("positive", _positive)),
+                     "cliprange_value", "adaptive_kl_horizon", "beta"), ("positive", _positive)),
     **dict.fromkeys(("weight_decay", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
-                     "reward_clip", "unsup_coef", "missing_eos_penalty"), ("at least 0", _non_negative)),
+                     "reward_clip", "unsup_coef", "missing_eos_penalty", "cliprange_low", "cliprange_high",
+                     "kl_loss_coef", "overlong_penalty", "positive_nll_coef", "rpo_alpha"),
+                    ("at least 0", _non_negative)),
+    **dict.fromkeys(("reward_fn_weight", "reward_model_weight", "positive_score_threshold", "simpo_gamma"),
+                    ("a finite number", lambda value: True)),
     **dict.fromkeys(("dropout", "actor_dropout", "critic_dropout"), ("in [0, 1)", lambda value: 0 <= value < 1)),
     **dict.fromkeys(("ema_beta", "gamma", "lam"), ("in [0, 1]", lambda value: 0 <= value <= 1)),
     "top_p": ("in (0, 1]", lambda value: 0 < value <= 1),
+    "label_smoothing": ("in [0, 0.5)", lambda value: 0 <= value < 0.5),  # a label wrong with probability < 1/2
     **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                     "max_seq_len", "num_train_epochs", "print_interval", "print_answers_interval"),
-                    ("at least 1", lambda value: value >= 1)),
-    **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps"),
-                    ("at least 0", _non_negative)),
+                     "max_seq_len", "num_train_epochs", "print_interval", "print_answers_interval",
+                     "per_device_generation_batch_size", "per_device_training_batch_size", "generation_batches",
+                     "ppo_epochs", "num_samples_per_prompt", "eval_prompts", "save_total_limit", "batch_size",
+                     "max_new_tokens", "num_prompts", "max_prompts", "samples_per_prompt", "inference_tp_size",
+                     "tp_gather_partition_size"), ("at least 1", lambda value: value >= 1)),
+    **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps",
+                     "save_steps", "num_show", "num_examples", "lora_dim", "actor_lora_dim", "critic_lora_dim",
+                     "num_padding_at_beginning"), ("at least 0", _non_negative)),
     "seed": ("in [0, 2**32)", lambda value: 0 <= value < 2 ** 32),  # what NumPy's seeding takes
 }
 
@@ -270,7 +396,7 @@ def check_flag_ranges(args):
     `auto`: the data's)."""
     for name, (allowed, test) in FLAG_RANGES.items():
         value = getattr(args, name, None)
-        if value is not None and value != AUTO and not (math.isfinite(value) and test(value)):
+        if value is not None and not is_auto(value) and not (math.isfinite(value) and test(value)):
             raise ConfigError(f"--{name} must be {allowed}, not {value}")
 
 

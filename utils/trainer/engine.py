@@ -102,6 +102,21 @@ def count_training_steps(batches_per_epoch, gradient_accumulation_steps, num_tra
     return min(total, max_steps) if max_steps > 0 else total
 
 
+def step_budget(batches_per_epoch, gradient_accumulation_steps, num_train_epochs, max_steps=0):
+    """The run's optimizer steps, and how they were bounded, for metrics.json: {"steps_asked": max_steps (0:
+    none), "epochs_asked": num_train_epochs, "steps_per_epoch", "total_steps" (count_training_steps)}; and a
+    WARNING line when --num_train_epochs gives fewer steps than --max_steps asks (None otherwise)."""
+    per_epoch = math.ceil(batches_per_epoch / gradient_accumulation_steps)
+    total = count_training_steps(batches_per_epoch, gradient_accumulation_steps, num_train_epochs, max_steps)
+    budget = {"steps_asked": max_steps, "epochs_asked": num_train_epochs, "steps_per_epoch": per_epoch,
+              "total_steps": total}
+    warning = None
+    if max_steps > total:
+        warning = (f"WARNING: {max_steps} steps asked, {num_train_epochs} epochs of the data give only {total} "
+                   f"({per_epoch} an epoch); raise --num_train_epochs to train them all")
+    return budget, warning
+
+
 def start_run(args):
     """What every step does first: join the distributed world, settle the dtype, seed everything, quiet
     transformers; print the dtype and the thread settings chosen, and why. Returns (start_time, world_size,

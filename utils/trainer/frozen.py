@@ -8,10 +8,12 @@ import deepspeed
 import torch
 
 from utils.model.lora import convert_linear_layer_to_lora
-from utils.model.model_utils import create_hf_model
+from utils.model.model_utils import create_hf_model, resolve_model_path
 from utils.model.reward_model import RewardModel
+from utils.runtime.args import add_offload_reference_model_arg
 from utils.runtime.dist import print_rank_0
 from utils.runtime.ds_utils import get_eval_ds_config
+from utils.runtime.errors import ConfigError
 
 
 def frozen_ds_config(*, trained_stage, offload, micro_batch_size, world_size, dtype):
@@ -42,6 +44,51 @@ def frozen_causal_lm(path, tokenizer, ds_config, what, *, dropout=0.0, trust_rem
         convert_linear_layer_to_lora(model, lora_module_name, lora_dim)
         copy_lora_factors(lora_from, model)
     return init_frozen(model, ds_config, what)
+
+
+def add_reference_args(model_group, deepspeed_group):
+    """The flags of a preference stage's frozen reference (DPO, KTO), read by resolve_reference_path and
+    load_reference."""
+    model_group.add_argument("--ref_model_name_or_path", type=str, default=None,
+                             help="The frozen reference (default: --model_name_or_path, the weights training starts "
+                                  "from).")
+    add_offload_reference_model_arg(deepspeed_group)
+
+
+def add_beta_arg(group, help):
+    """--beta, the scale of a preference stage's log-ratio to its reference (DPO, KTO; `help` says what it is in
+    the stage's losses)."""
+    group.add_argument("--beta", type=float, default=0.1, help=help)
+
+
+def resolve_reference_path(args, model_path):
+    """The folder of a preference stage's frozen reference (DPO, KTO): --ref_model_name_or_path, or by default
+    `model_path`, the policy's own start; its vocabulary checked against the policy's."""
+    if args.ref_model_name_or_path is None:
+        return model_path
+    try:
+        ref_path = resolve_model_path(args.ref_model_name_or_path)
+    except ConfigError as err:
+        raise ConfigError(f"--ref_model_name_or_path: {err}") from None
+    from transformers import AutoConfig
+
+    sizes = [AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code).vocab_size
+             for path in (model_path, ref_path)]
+    if sizes[0] != sizes[1]:
+        raise ConfigError(f"--ref_model_name_or_path {args.ref_model_name_or_path} has a vocabulary of {sizes[1]} "
+                          f"tokens, the model {args.model_name_or_path} one of {sizes[0]}: they must share a "
+                          "tokenizer")
+    return ref_path
+
+
+def load_reference(ref_path, tokenizer, args, world_size):
+    """A preference stage's frozen reference (DPO, KTO), from its flags: ZeRO-3 when the policy is (--zero_stage)
+    or when offloaded (--offload_reference_model), ZeRO-0 otherwise."""
+    ds_config = frozen_ds_config(trained_stage=args.zero_stage, offload=args.offload_reference_model,
+                                 micro_batch_size=args.per_device_train_batch_size, world_size=world_size,
+                                 dtype=args.dtype)
+    return frozen_causal_lm(ref_path, tokenizer, ds_config, "reference", dropout=args.dropout,
+                            trust_remote_code=args.trust_remote_code)
 
 
 def frozen_reward_model(path, tokenizer, ds_config, *, dropout=0.0, num_padding_at_beginning=0,

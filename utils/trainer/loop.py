@@ -3,25 +3,30 @@ reward model, DPO) and what surrounds it: the data loaders, the position in the 
 and throughput, evaluations, and the save at the end."""
 import time
 
-from utils.data.data_utils import create_prompt_dataset, data_bound, fit_auto_lengths, make_dataloader
+import torch
+
+from utils.data.data_utils import create_prompt_dataset, data_bound, data_metrics, fit_auto_lengths, make_dataloader
 from utils.model.model_utils import count_parameters, load_tokenizer
 from utils.model.save import save_hf_model
 from utils.runtime.args import training_flags
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
-from utils.runtime.progress import progress
+from utils.runtime.progress import eval_batches, progress
 from utils.trainer.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
-from utils.trainer.engine import count_training_steps, eager, train_engine_from_args, write_metrics
+from utils.trainer.engine import eager, step_budget, train_engine_from_args, write_metrics
 from utils.trainer.monitor import Monitor, Throughput, format_scalars
 
 
-def step_data(args, phase, inputs):
+def step_data(args, phase, inputs, unpaired=False):
     """(tokenizer, train_dataset, eval_dataset) of a step: --output_dir claimed for this run (`inputs`: {flag:
     folder} of the models it reads; the tokenizer is --model_name_or_path's), and phase `phase` of --data_split
-    tokenized within --max_seq_len (`auto`: the longest sample, measured once the data is built unbounded)."""
+    tokenized within --max_seq_len (`auto`: a percentile of the sample lengths, measured once the data is built
+    unbounded, the longer samples then dropped); `unpaired`: as KTO's labelled answers. The datasets carry their
+    rows read and kept (`counts`)."""
     claim_output_dir(args, inputs=inputs)
     tokenizer = load_tokenizer(inputs["--model_name_or_path"], args.trust_remote_code)
     train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
-                                                        phase, args.seed, tokenizer, data_bound(args.max_seq_len))
+                                                        phase, args.seed, tokenizer, data_bound(args.max_seq_len),
+                                                        unpaired=unpaired)
     fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset)
     return tokenizer, train_dataset, eval_dataset
 
@@ -35,9 +40,13 @@ def make_loaders(args, train_dataset, eval_dataset, collator):
 
 def step_engine(model, ds_config, args, train_loader, eval_loader, world_size, what, rows="samples"):
     """(engine, total_steps): the DeepSpeed engine of `model` with an LR schedule as long as the run's optimizer
-    steps, and one line saying what trains (`what`), how, and on how many `rows`."""
-    total_steps = count_training_steps(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
-                                       args.max_steps)
+    steps, and one line saying what trains (`what`), how, and on how many `rows` (a WARNING line before it when
+    the epochs cap --max_steps: step_budget)."""
+    budget, warning = step_budget(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
+                                  args.max_steps)
+    total_steps = budget["total_steps"]
+    if warning:
+        print_rank_0(warning)
     engine = train_engine_from_args(model, ds_config, args, total_steps)
     print_rank_0(f"{what}: {count_parameters(model) / 1e6:.2f}M parameters, {args.dtype}, ZeRO-{args.zero_stage}, "
                  f"{world_size} process(es); {len(train_loader.dataset)} train / {len(eval_loader.dataset)} eval "
@@ -49,10 +58,13 @@ class LoopState:
     """What a step keeps around its loop: where it is in the data (`position`), the `checkpointer` (resumed from
     with --resume: then `resumed` holds the checkpoint's state, else None), the TensorBoard `monitor` under
     `run_name`, and the `throughput` meter. `flags` are the flags that shape training (`step` names the step),
-    recorded with each checkpoint and saved with the model."""
+    recorded with each checkpoint and saved with the model. `counts` are what save_run adds to metrics.json: the
+    rows each split read and kept (data_metrics), the rows an evaluation scores, and the step budget
+    (step_budget)."""
 
     def __init__(self, args, engine, train_loader, world_size, *, step, run_name):
         self.flags = training_flags(args, step=step)
+        self.counts = run_counts(args, train_loader, world_size)
         self.position = TrainingPosition(train_loader)
         self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
                                          self.position, flags=self.flags)
@@ -77,6 +89,42 @@ class LoopState:
         if self.resumed:
             return self.resumed["metrics"]
         return {f"{name}_before": value for name, value in run_eval("before training").items()}
+
+
+def evaluate_mean(engine, eval_loader, device, eval_iters, loss_and_stats, rows):
+    """The loss and stats of `loss_and_stats(batch)` averaged over the eval split (or its first `eval_iters`
+    batches; 0: all), each batch weighing as its `rows(batch)` (pairs, answers), over all ranks; in eval mode under
+    no_grad, `engine` back in train mode after. {name: float}."""
+    engine.eval()
+    sums, count = {}, torch.zeros((), device=device)
+    with torch.no_grad():
+        for batch in eval_batches(eval_loader, eval_iters):
+            batch = to_device(batch, device)
+            loss, stats = loss_and_stats(batch)
+            weight = rows(batch)
+            for name, value in {"loss": loss, **stats}.items():
+                sums[name] = sums.get(name, 0.0) + value.float() * weight
+            count += weight
+    names = sorted(sums)
+    totals = torch.stack([sums[name] for name in names] + [count])
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(totals)
+    engine.train()
+    return {name: (totals[i] / totals[-1].clamp(min=1)).item() for i, name in enumerate(names)}
+
+
+def run_counts(args, train_loader, world_size):
+    """What a step's metrics.json says of its data and length: the rows each split read and kept (the counts the
+    train dataset carries; none for a dataset made otherwise), "eval_rows_scored" (the eval rows an evaluation
+    scores: all, or the first --eval_iters batches' worth), and step_budget's counts."""
+    counts = data_metrics(getattr(train_loader.dataset, "counts", None))
+    if "eval_rows_kept" in counts:
+        eval_iters = getattr(args, "eval_iters", 0)
+        scored = eval_iters * args.per_device_eval_batch_size * world_size if eval_iters else counts["eval_rows_kept"]
+        counts["eval_rows_scored"] = min(scored, counts["eval_rows_kept"])
+    budget, _ = step_budget(len(train_loader), args.gradient_accumulation_steps, args.num_train_epochs,
+                            args.max_steps)
+    return {**counts, **budget}
 
 
 def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, throughput, monitor, checkpointer,
@@ -129,11 +177,13 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
 
 
 def save_run(engine, tokenizer, args, metrics, state, start_time):
-    """The end of a step: the run's totals added to `metrics`, TensorBoard closed, the model saved as a Hugging
-    Face folder in --output_dir with its training flags, and metrics.json beside it."""
-    metrics.update(optimizer_steps=engine.global_steps, parameters=count_parameters(engine.module),
+    """The end of a step: the run's totals and counts (LoopState.counts) added to `metrics`, TensorBoard closed,
+    the model saved as a Hugging Face folder in --output_dir with its training flags, and metrics.json beside
+    it."""
+    metrics.update(state.counts, optimizer_steps=engine.global_steps, parameters=count_parameters(engine.module),
                    wall_time_s=time.time() - start_time)
     state.monitor.close()
     save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags)
     write_metrics(args.output_dir, metrics)
-    print_rank_0(f"saved {args.output_dir}; {format_scalars(**metrics)}")
+    scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}
+    print_rank_0(f"saved {args.output_dir}; {format_scalars(**scalars)}")

@@ -4,7 +4,8 @@ loss. The math is in `utils/rl/`, the shapes of a batch of experience in `utils/
 first answer token is EOS is an empty answer: it is kept, scored and penalised like any other, never dropped.
 
 --advantage_estimator chooses how an answer is credited: a row of `utils/rl/estimators.py` (GAE with a critic,
-DeepSpeed-Chat's; GRPO, RLOO and REINFORCE++ without one).
+DeepSpeed-Chat's; GRPO, RLOO and REINFORCE++ without one); --policy_loss how the actor learns from the advantages:
+a row of `utils/rl/policy_losses.py` (PPO's clipped surrogate).
 
 Each prompt is repeated --num_samples_per_prompt times in a row inside this rank's batch, so a group never
 spans two ranks.
@@ -13,7 +14,7 @@ import time
 
 import torch
 
-from inference.evaluation import DECODINGS, evaluate_models
+from inference.evaluation import DECODINGS, answer_scalars, evaluate_models
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
 from inference.sampling import sample, supports_native_sampling
 from utils.model.model_utils import answer_logits, model_forward_kwargs
@@ -21,7 +22,8 @@ from utils.model.reward_model import score_answers
 from utils.rl.estimators import ESTIMATORS
 from utils.rl.experience import Experience, answer_action_mask
 from utils.rl.kl import make_kl_controller
-from utils.rl.losses import kl_loss, policy_loss, positive_nll, value_loss
+from utils.rl.losses import kl_loss, positive_nll, value_loss
+from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import entropy_from_logits, logprobs_from_logits, masked_mean
@@ -215,23 +217,12 @@ class PPOTrainer:
                 return stats
         if train_actor:
             logprobs, entropy = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len, with_entropy=True)
-            actor_loss, policy_stats = policy_loss(logprobs, minibatch.logprobs, minibatch.advantages, action_mask,
-                                                   args.cliprange, args.cliprange_low, args.cliprange_high,
-                                                   args.loss_agg_mode)
-            if args.use_kl_loss:
-                kl_term = kl_loss(logprobs, minibatch.ref_logprobs, action_mask, args.kl_loss_estimator,
-                                  args.loss_agg_mode)
-                actor_loss = actor_loss + args.kl_loss_coef * kl_term
-                stats["kl_loss"] = kl_term.item()
-            if minibatch.positive is not None:
-                nll = positive_nll(logprobs, action_mask, minibatch.positive, args.loss_agg_mode)
-                actor_loss = actor_loss + args.positive_nll_coef * nll
-                stats["positive_nll"] = nll.item()
+            actor_loss, actor_stats = self.actor_loss(logprobs, minibatch, action_mask)
             assert_finite(actor_loss, "the actor loss")
             self.actor.backward(actor_loss)
             self.actor.step()
             stats.update(actor_loss=actor_loss.item(), entropy=masked_mean(entropy, action_mask).item(),
-                         **{k: v.item() for k, v in policy_stats.items()})
+                         **actor_stats)
         if self.critic is not None:
             values = self.answer_values(self.critic, seq, attention_mask, prompt_len)
             critic_loss, value_stats = value_loss(values, minibatch.values, minibatch.returns, action_mask,
@@ -241,6 +232,25 @@ class PPOTrainer:
             self.critic.step()
             stats.update(critic_loss=critic_loss.item(), **{k: v.item() for k, v in value_stats.items()})
         return stats
+
+    def actor_loss(self, logprobs, minibatch, action_mask):
+        """The actor's loss on a minibatch, with the gradient through `logprobs` (the actor's now), and its stats
+        (floats): the --policy_loss row's loss (utils/rl/policy_losses.py), plus --kl_loss_coef x the KL to the
+        reference with --use_kl_loss and --positive_nll_coef x the NLL of the positive answers."""
+        args = self.args
+        loss, policy_stats = POLICY_LOSSES[args.policy_loss].loss(logprobs, minibatch.logprobs, minibatch.advantages,
+                                                                  action_mask, args)
+        stats = {name: value.item() for name, value in policy_stats.items()}
+        if args.use_kl_loss:
+            kl_term = kl_loss(logprobs, minibatch.ref_logprobs, action_mask, args.kl_loss_estimator,
+                              args.loss_agg_mode)
+            loss = loss + args.kl_loss_coef * kl_term
+            stats["kl_loss"] = kl_term.item()
+        if minibatch.positive is not None:
+            nll = positive_nll(logprobs, action_mask, minibatch.positive, args.loss_agg_mode)
+            loss = loss + args.positive_nll_coef * nll
+            stats["positive_nll"] = nll.item()
+        return loss, stats
 
     def train_round(self, experiences, unsup_batches, shuffler, train_actor):
         """ppo_epochs passes over the minibatches of this round's experience (each followed, with an unsupervised
@@ -289,7 +299,8 @@ class PPOTrainer:
         group, e.g. a reasoning-gym verifier's `summarize`, by task; by default the built-in task's checker on its
         prompts), and "reward", the mean end score of the reward sources.
         Every rank runs it (ZeRO-3 gathers the weights collectively); random states are left as they were.
-        Returns {"sampled": scores, "greedy": scores}."""
+        Returns {"sampled": scores, "greedy": scores}, each with `answer_scalars`' figures (the best constant
+        answer's score, distinct answers, the most frequent one's share, answers cut at the limit)."""
         args = self.args
         self.actor.eval()
         results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,
@@ -297,7 +308,8 @@ class PPOTrainer:
                                   top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts, checker=checker,
                                   batch_size=args.per_device_generation_batch_size * args.num_samples_per_prompt)
         self.actor.train()
-        return {decoding: results["actor"][decoding] for decoding in DECODINGS}
+        stats = results["actor"]["answer_stats"]
+        return {decoding: {**results["actor"][decoding], **answer_scalars(stats[decoding])} for decoding in DECODINGS}
 
 
 def mean_stats(rows):

@@ -35,7 +35,7 @@ def test_checker_scores_are_task_scores_of_the_returned_answers(tiny):
 
     results = evaluate_models({"a": tiny}, prompts, max_new_tokens=6, seed=5, reward_fn=reward_fn)
     result = results["a"]
-    assert set(result) == {"sampled", "greedy", "answers"}
+    assert set(result) == {"sampled", "greedy", "answers", "answer_stats"}
     for decoding in ("sampled", "greedy"):
         answers = result["answers"][decoding]
         assert len(answers) == len(prompts)
@@ -66,7 +66,10 @@ def test_several_samples_per_prompt_are_rounds_over_the_prompts_and_scored_toget
 def test_greedy_only_and_prompts_outside_the_task(tiny):
     prompts = [" Human: Tell me a joke. Assistant:", task.format_prompt("What is 1 + 2?")]
     results = evaluate_models({"a": tiny}, prompts, max_new_tokens=4, greedy_only=True)
+    stats = results["a"].pop("answer_stats")
     assert results == {"a": {"greedy": {}, "answers": {"greedy": results["a"]["answers"]["greedy"]}}}
+    assert set(stats) == {"greedy"} and "best_constant" not in stats["greedy"]  # no checker: no constant scored
+    assert stats["greedy"]["answers"] == 2 and stats["greedy"]["max_new_tokens"] == 4
     assert format_score_table(results) == ""
 
 
@@ -124,9 +127,14 @@ def test_prompt_eval_cli_prints_the_table_and_writes_json(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines.count("model     decoding      all      add  reverse  capital    upper") == 1
-    for row in ("baseline  sampled", "baseline  greedy", "finetune  sampled", "finetune  greedy"):
-        assert sum(line.startswith(row) for line in lines) == 1
+    header = lines.index("model     decoding      all      add  reverse  capital    upper")
+    rows = ("baseline  sampled", "baseline  greedy", "finetune  sampled", "finetune  greedy")
+    assert [line[:len(row)] for line, row in zip(lines[header + 1:], rows)] == list(rows)
     assert sum(line.startswith("prompt ") for line in lines) == 2
+    # the answers' table: each model, decoding and group (all and the 4 skills) once
+    answers_header = next(i for i, line in enumerate(lines) if line.startswith("model     decoding  group"))
+    assert [line.split()[:3] for line in lines[answers_header + 1:answers_header + 21]] == \
+        [[*row.split(), group] for row in rows for group in ("all", *task.SKILLS)]
     results = json.loads(output.read_text())
     assert set(results) == {"baseline", "finetune"}
     for model in results.values():
@@ -134,6 +142,9 @@ def test_prompt_eval_cli_prints_the_table_and_writes_json(tmp_path):
             assert set(model[decoding]) == {"all", *task.SKILLS}
             assert all(0.0 <= score <= 1.0 for score in model[decoding].values())
             assert len(model["answers"][decoding]) == 8
+            stats = model["answer_stats"][decoding]
+            assert set(stats["best_constant"]) == {"all", *task.SKILLS} and stats["max_new_tokens"] == 6
+            assert 0 <= stats["hit_limit"] <= stats["answers"] == 8
     # the same model and the same sampling seed: the same answers
     assert results["baseline"]["answers"] == results["finetune"]["answers"]
 

@@ -128,6 +128,7 @@ def test_precomputed_reference_logps_are_the_per_batch_ones_and_the_reference_is
     gc.collect()
     assert sum(isinstance(obj, DeepSpeedEngine) for obj in gc.get_objects()) == engines_before  # freed
     assert len(train_ref) == len(train) and len(eval_ref) == len(evaluation)
+    assert (train_ref.counts, train_ref.split, eval_ref.split) == (train.counts, "train", "eval")  # rows still counted
     reference = dpo.load_reference(str(actor_dir), tiny_tokenizer, args, 1)
     for dataset, scored in ((train, train_ref), (evaluation, eval_ref)):
         indices = [0, len(dataset) - 1, len(dataset) // 2]  # other batches, other padding, than the precompute's

@@ -269,6 +269,23 @@ def test_positive_nll_is_the_nll_of_the_answers_scored_at_the_threshold(engine, 
     assert "positive_nll" not in plain.train_rlhf(exp.split(GROUP)[0])
 
 
+def test_gspo_steps_on_one_ratio_per_answer_and_clips_whole_answers(engine, tiny_tokenizer):
+    """--policy_loss gspo on real experience: on-policy every answer's ratio is 1 and the loss is -mean(A_i) over
+    answers (seq_mean_token_mean); after a step on the same minibatch the answers move as wholes, and at GSPO's
+    small ranges the clip catches some of them."""
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, policy_loss="gspo", cliprange_low=3e-4, cliprange_high=4e-4,
+                           loss_agg_mode="seq_mean_token_mean")
+    fake_answers(trainer, tiny_tokenizer)
+    first = trainer.generate_experience(prompts, prompt_mask, texts).split(GROUP)[0]  # " 19", " 18", " 5", " 19"
+    stats = trainer.train_rlhf(first)
+    advantages = grpo_advantages(torch.tensor([SCORES[:GROUP]]))[0]
+    assert stats["actor_loss"] == pytest.approx(-advantages.mean().item(), abs=1e-6)
+    assert stats["ratio_mean"] == pytest.approx(1.0) and stats["clipfrac"] == 0.0
+    again = trainer.train_rlhf(first)
+    assert again["ratio_mean"] != pytest.approx(1.0, abs=1e-6) and 0.0 < again["clipfrac"] <= 1.0
+
+
 def test_evaluate_scores_held_out_prompts_and_leaves_random_state_and_mode(engine):
     trainer = make_trainer(engine)
     prompts = builtin_prompts()[:8]
@@ -297,5 +314,28 @@ def test_eval_interval_scores_a_reasoning_gym_specs_held_out_questions_with_its_
                                                                             "solved": 1.0}
     scores = make_trainer(engine, reasoning_gym_reward_fn(spec)).evaluate(prompts, checker)
     for values in scores.values():  # the verifier's summary by task, and the reward (the same verifier)
-        assert set(values) == {"all", "chain_sum", "solved", "reward"}
+        assert set(values) == {"all", "chain_sum", "solved", "reward", "best_constant", "distinct_answers",
+                               "top_answer_share", "hit_limit"}  # and inference.evaluation.answer_scalars'
         assert values["all"] == pytest.approx(values["reward"]) == pytest.approx(values["chain_sum"])
+
+
+def test_metrics_summarize_the_first_and_last_eval_with_what_the_answers_were():
+    """main.summarize on made-up history and --eval_interval evaluations: heldout_{decoding}_{start|end} (the
+    checker's "all", else the reward) and, per decoding, the answer figures where the evaluation has them (no
+    best constant without a checker)."""
+    from training.step3_rlhf_finetuning.main import summarize
+
+    history = [{"score": 0.25, "reward": 0.5, "kl": 0.0, "answer_length": 3.0, "eos_fraction": 1.0}] * 2
+    figures = {"distinct_answers": 5, "top_answer_share": 0.5, "hit_limit": 1}
+    evaluations = [{"step": 0, "sampled": {"all": 0.25, "best_constant": 0.25, **figures},
+                    "greedy": {"reward": 0.5, **figures}},
+                   {"step": 2, "sampled": {"all": 0.75, "best_constant": 0.5, **figures, "distinct_answers": 9},
+                    "greedy": {"reward": 1.0, **figures}}]
+    metrics = summarize(history, evaluations, 1.0)
+    assert (metrics["heldout_sampled_start"], metrics["heldout_sampled_end"]) == (0.25, 0.75)
+    assert (metrics["heldout_greedy_start"], metrics["heldout_greedy_end"]) == (0.5, 1.0)
+    assert (metrics["heldout_sampled_best_constant_start"], metrics["heldout_sampled_best_constant_end"]) == (0.25, 0.5)
+    assert (metrics["heldout_sampled_distinct_answers_start"], metrics["heldout_sampled_distinct_answers_end"]) == \
+        (5, 9)
+    assert metrics["heldout_greedy_top_answer_share_end"] == 0.5 and metrics["heldout_greedy_hit_limit_start"] == 1
+    assert not [key for key in metrics if key.startswith("heldout_greedy_best_constant")]  # no checker: none

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from tests.files import write_jsonl
-from utils.data.data_utils import (IGNORE_INDEX, DataCollatorPreference, DataCollatorReward, DataCollatorRLHF,
-                                   DataCollatorSFT, SampleCounter, create_prompt_dataset, pair_sample, parse_data_split,
-                                   prompt_sample, sft_sample, split_bounds, split_part_indices)
+from utils.data.data_utils import (IGNORE_INDEX, DataCollatorFeedback, DataCollatorPreference, DataCollatorReward,
+                                   DataCollatorRLHF, DataCollatorSFT, SampleCounter, create_prompt_dataset,
+                                   feedback_samples, pair_sample, parse_data_split, prompt_sample, sft_sample,
+                                   split_bounds, split_part_indices)
 from utils.runtime.errors import ConfigError, DataError
 
 
@@ -259,17 +260,16 @@ def test_sft_labels_mask_exactly_the_prompt(tiny_tokenizer):
     assert counter.kept == 1 and not counter.skipped
 
 
-def test_sft_truncates_the_answer_and_skips_a_prompt_that_fills_max_seq_len(tiny_tokenizer):
+def test_an_sft_sample_that_would_lose_its_eos_is_dropped_not_cut(tiny_tokenizer):
     tok, prompt, answer = tiny_tokenizer, " Human: Say hello in uppercase. Assistant:", " HELLO THERE"
-    prompt_len = len(tok(prompt)["input_ids"])
+    whole = len(tok(prompt)["input_ids"]) + len(ids(tok, answer)) + 1  # prompt + answer + EOS
     counter = SampleCounter("sft")
-    assert sft_sample(tok, prompt, answer, prompt_len, counter) is None
-    assert sft_sample(tok, prompt, answer, prompt_len - 1, counter) is None
-    one = sft_sample(tok, prompt, answer, prompt_len + 1, counter)
-    assert len(one["input_ids"]) == prompt_len + 1
-    assert [label != IGNORE_INDEX for label in one["labels"]] == [False] * prompt_len + [True]
-    assert counter.kept == 1 and sum(counter.skipped.values()) == 2
-    assert "2 prompt fills --max_seq_len" in counter.summary()
+    for limit in (whole - 1, whole - 3, len(tok(prompt)["input_ids"])):  # each would cut the EOS off (or more)
+        assert sft_sample(tok, prompt, answer, limit, counter) is None
+    kept = sft_sample(tok, prompt, answer, whole, counter)
+    assert len(kept["input_ids"]) == whole and kept["input_ids"][-1] == kept["labels"][-1] == tok.eos_token_id
+    assert counter.counts() == {"read": 4, "kept": 1, "skipped": {"longer than --max_seq_len with its EOS": 3}}
+    assert "3 longer than --max_seq_len with its EOS" in counter.summary()
 
 
 def test_sft_samples_of_a_dataset_label_answers_only(tmp_path, data_dir, tiny_tokenizer):
@@ -374,10 +374,36 @@ def test_preference_collator_masks_answer_labels_eos_included(tiny_tokenizer):
         [pair_sample(tok, *triples[0], 64, counter)])
 
 
+def test_feedback_samples_label_each_answer_and_the_collator_pairs_each_prompt_with_another_answer(tiny_tokenizer):
+    """KTO's samples: a pair gives a desirable and an undesirable answer (a too long one is skipped and counted);
+    the collator's mismatched rows put each prompt before the previous row's answer, with answer masks over the
+    answer labels, EOS included."""
+    tok = tiny_tokenizer
+    add, rev = " Human: What is 1 + 1? Assistant:", " Human: Reverse the word \"abcd\". Assistant:"
+    counter = SampleCounter("feedback")
+    samples = feedback_samples(tok, add, " 2", " 3 or maybe 4", 64, counter)
+    samples += feedback_samples(tok, rev, None, " abcd", 64, counter)
+    assert [s["desirable"] for s in samples] == [True, False, False]
+    assert feedback_samples(tok, rev, " dcba" * 40, None, 64, counter) == []
+    assert counter.counts() == {"read": 4, "kept": 3, "skipped": {"longer than --max_seq_len with its EOS": 1}}
+    batch = DataCollatorFeedback(tok.pad_token_id)(samples)
+    assert batch["desirable"].tolist() == [True, False, False]
+    # Row b of the mismatched pairs: prompt b, then row b - 1's answer (row 0: the last row's).
+    prompts, answers = [add, add, rev], [" 2", " 3 or maybe 4", " abcd"]
+    for prefix, answer_of in (("", [0, 1, 2]), ("kl_", [2, 0, 1])):
+        ids_ = batch[f"{prefix}input_ids"]
+        assert batch[f"{prefix}answer_mask"].shape == (3, ids_.shape[1] - 1)
+        for row in range(3):
+            length = int(batch[f"{prefix}attention_mask"][row].sum())
+            expected = ids(tok, answers[answer_of[row]]) + [tok.eos_token_id]
+            assert ids_[row, :length].tolist() == tok(prompts[row])["input_ids"] + expected
+            assert ids_[row, 1:][batch[f"{prefix}answer_mask"][row] == 1].tolist() == expected
+
+
 # --------------------------------------------------------------------------- lengths from the data (auto)
 
 
-def test_auto_lengths_fit_the_longest_sample_and_twice_the_longest_answer(tmp_path, data_dir, tiny_tokenizer):
+def test_auto_max_lengths_fit_the_longest_sample_and_twice_the_longest_answer(tmp_path, data_dir, tiny_tokenizer):
     from argparse import Namespace
 
     from utils.data.data_utils import ANSWER_ROOM, data_bound, fit_auto_lengths, tokenize_answer, tokenize_prompt
@@ -390,13 +416,14 @@ def test_auto_lengths_fit_the_longest_sample_and_twice_the_longest_answer(tmp_pa
     whole = [len(tokenize_prompt(tiny_tokenizer, r["prompt"]) + tokenize_answer(tiny_tokenizer, r["chosen"]))
              for r in source]
     assert sorted(len(s["input_ids"]) for s in [*train, *evaluation]) == sorted(whole)
-    args = Namespace(seed=1, max_seq_len="auto", max_answer_seq_len="auto", max_new_tokens=7)
+    args = Namespace(seed=1, max_seq_len="auto:max", max_answer_seq_len="auto:max", max_new_tokens=7)
     fit_auto_lengths(args, [str(data_dir)], tiny_tokenizer, train, evaluation)
     assert args.max_seq_len == max(whole) and args.max_new_tokens == 7  # a number is left as given
     assert args.max_answer_seq_len == ANSWER_ROOM * longest_answer
-    # Phase 3: --max_prompt_seq_len auto is the longest prompt, and no prompt is skipped.
+    assert len(train) + len(evaluation) == len(source)  # auto:max drops nothing
+    # Phase 3: --max_prompt_seq_len auto:100 is the longest prompt, and no prompt is skipped.
     prompts, _ = create_prompt_dataset([str(data_dir)], "0,0,10", str(tmp_path), 3, 1, tiny_tokenizer, None)
-    args = Namespace(seed=1, max_prompt_seq_len="auto")
+    args = Namespace(seed=1, max_prompt_seq_len="auto:100")
     fit_auto_lengths(args, [str(data_dir)], tiny_tokenizer, prompts)
     assert len(prompts) == 20
     assert args.max_prompt_seq_len == max(len(tokenize_prompt(tiny_tokenizer, r["prompt"])) for r in rows("train", 20))
@@ -415,11 +442,111 @@ def test_an_auto_answer_length_of_data_without_reference_answers_is_a_fixed_budg
            f"{UNMEASURED_ANSWER_TOKENS} tokens" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("text, expected", [("auto", "auto"), ("1", 1), ("64", 64)])
+def long_tailed_data(folder, n_train=80, n_eval=20):
+    """A local data set whose answers are mostly short, a few long (the long tail of real dialogue)."""
+    def row(split, i):
+        words = 40 + i if i % 20 == 19 else 1 + i % 4  # one row in twenty is long
+        return {"prompt": f" Human: {split} question {i}? Assistant:", "chosen": " " + " ".join(["ok"] * words),
+                "rejected": f" no {i}"}
+
+    folder.mkdir()
+    write_jsonl(folder / "train.json", [row("train", i) for i in range(n_train)])
+    write_jsonl(folder / "eval.json", [row("eval", i) for i in range(n_eval)])
+    return folder
+
+
+def test_auto_is_the_95th_percentile_and_drops_and_counts_the_longer_rows(tmp_path, tiny_tokenizer, capsys):
+    from argparse import Namespace
+
+    from utils.data.data_utils import data_bound, data_metrics, fit_auto_lengths, percentile_length, sample_length
+
+    data = long_tailed_data(tmp_path / "data")
+    train, evaluation = create_prompt_dataset([str(data)], "1,0,0", str(tmp_path / "cache"), 1, 1, tiny_tokenizer,
+                                              data_bound("auto"))
+    lengths = sorted(sample_length(s) for s in [*train, *evaluation])
+    assert len(lengths) == 100
+    args = Namespace(seed=1, max_seq_len="auto")
+    fit_auto_lengths(args, [str(data)], tiny_tokenizer, train, evaluation)
+    # the nearest-rank 95th percentile: the 95th of the 100 lengths, sorted
+    assert args.max_seq_len == lengths[94] == percentile_length(lengths, 95) < lengths[-1]
+    kept = [length for length in lengths if length <= args.max_seq_len]
+    assert len(train) + len(evaluation) == len(kept) < 100
+    assert all(sample_length(s) <= args.max_seq_len for s in [*train, *evaluation])
+    out = capsys.readouterr().out
+    assert f"lengths from the data: --max_seq_len {args.max_seq_len} (95th percentile of 100 samples)" in out
+    assert f"WARNING: --max_seq_len auto ({args.max_seq_len} tokens) dropped " in out
+    metrics = data_metrics(train.counts)
+    assert metrics["train_rows_read"] == 80 and metrics["eval_rows_read"] == 20
+    assert (metrics["train_rows_kept"], metrics["eval_rows_kept"]) == (len(train), len(evaluation))
+    assert metrics["rows_skipped"] == {"train": {"longer than --max_seq_len auto": 4},
+                                       "eval": {"longer than --max_seq_len auto": 1}}
+
+
+def test_auto_percentiles_and_the_cap(tmp_path, tiny_tokenizer, capsys, monkeypatch):
+    from argparse import Namespace
+
+    from utils.data.data_utils import (AUTO_LENGTH_CAP, auto_length_cap, auto_percentile, data_bound,
+                                       fit_auto_lengths, percentile_length, sample_length)
+
+    assert [auto_percentile(v) for v in ("auto", "auto:max", "auto:100", "auto:50", 64, None)] == \
+        [95.0, 100.0, 100.0, 50.0, None, None]
+    for bad in ("auto:", "auto:0", "auto:101", "auto:most", "auto:nan"):
+        with pytest.raises(ConfigError, match="auto:max"):
+            auto_percentile(bad)
+    assert percentile_length([5, 1, 3, 2, 4], 50) == 3 and percentile_length([5, 1, 3, 2, 4], 100) == 5
+    assert percentile_length([7], 1) == 7 and percentile_length([], 95) == 0
+    data = long_tailed_data(tmp_path / "data")
+
+    def fitted(spec):
+        train, evaluation = create_prompt_dataset([str(data)], "1,0,0", str(tmp_path / "cache"), 1, 1,
+                                                  tiny_tokenizer, data_bound(spec))
+        lengths = [sample_length(s) for s in [*train, *evaluation]]
+        args = Namespace(seed=1, max_seq_len=spec)
+        fit_auto_lengths(args, [str(data)], tiny_tokenizer, train, evaluation)
+        return args.max_seq_len, lengths, len(train) + len(evaluation)
+
+    value, lengths, kept = fitted("auto:50")
+    assert value == percentile_length(lengths, 50) and kept == sum(length <= value for length in lengths) >= 50
+    assert fitted("auto:max")[::2] == (max(lengths), 100)
+    # the cap: the context the tokenizer states (the tiny model's 512), else AUTO_LENGTH_CAP
+    assert auto_length_cap(tiny_tokenizer) == 512
+    monkeypatch.setattr(tiny_tokenizer, "model_max_length", int(1e30))  # Hugging Face's "unknown"
+    assert auto_length_cap(tiny_tokenizer) == AUTO_LENGTH_CAP
+    monkeypatch.setattr(tiny_tokenizer, "model_max_length", 23)
+    capsys.readouterr()
+    value, lengths, kept = fitted("auto:max")
+    assert value == 23 and 0 < kept == sum(length <= 23 for length in lengths) < 100
+    assert f"--max_seq_len 23 (100th percentile of 100 samples: {max(lengths)}, capped at 23)" in \
+        capsys.readouterr().out
+    monkeypatch.setattr(tiny_tokenizer, "model_max_length", 10)  # shorter than any sample: nothing is left
+    with pytest.raises(DataError, match=r"no train samples left within --max_seq_len auto \(10 tokens\)"):
+        fitted("auto")
+
+
+@pytest.mark.parametrize("text, expected", [("auto", "auto"), ("auto:max", "auto:max"), ("auto:50", "auto:50"),
+                                            ("auto:100", "auto:100"), ("1", 1), ("64", 64)])
 def test_length_flags_take_a_positive_number_or_auto(text, expected):
-    from utils.runtime.args import length_or_auto
+    from argparse import Namespace
+
+    from utils.runtime.args import check_flag_ranges, is_auto, length_or_auto
 
     assert length_or_auto(text) == expected
+    assert is_auto(expected) == isinstance(expected, str)
+    check_flag_ranges(Namespace(max_seq_len=expected, max_new_tokens=expected))  # an auto form is no number to range
+
+
+@pytest.mark.parametrize("text", ["auto:", "auto:0", "auto:101", "auto:most", "auto:nan", "automatic", "8.5",
+                                  "longest"])
+def test_a_length_flag_refuses_other_values_naming_the_forms_it_takes(text):
+    from argparse import ArgumentTypeError
+
+    from utils.runtime.args import length_or_auto
+
+    with pytest.raises(ArgumentTypeError, match=rf"^must be a positive number of tokens or auto, not '{text}' "
+                                                r"\(auto's forms: auto, auto:max or auto:P with P in \(0, 100\]\)$"):
+        length_or_auto(text)
+    with pytest.raises(ArgumentTypeError, match=r"^must be at least 1 \(or auto\), not 0$"):
+        length_or_auto("0")
 
 
 @pytest.mark.parametrize("size, batch_size", [(10, 4), (8, 4), (3, 8), (1, 3)])

@@ -180,3 +180,53 @@ def test_prompt_only_rows_feed_step_3_and_step_1_skips_them(tmp_path, tiny_token
     sft, _ = create_prompt_dataset([str(tmp_path)], "1,1,1", str(tmp_path / "cache"), 1, 1, tiny_tokenizer, 64)
     assert len(prompts) == 13 and 0 < len(sft) < 13  # a third of 40 rows; step 1 keeps those with an answer
     assert "no answer" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("row, expected", [
+    ({"prompt": " Human: 7 + 12? Assistant:", "completion": " 19", "label": True},
+     {"prompt": " Human: 7 + 12? Assistant:", "chosen": " 19", "rejected": None}),
+    ({"prompt": " Human: 7 + 12? Assistant:", "completion": " 21", "label": False},
+     {"prompt": " Human: 7 + 12? Assistant:", "chosen": None, "rejected": " 21"}),
+    ({"prompt": [user("7 + 12?")], "completion": [assistant("21")], "label": False},  # TRL's conversational form
+     {"prompt": " Human: 7 + 12? Assistant:", "chosen": None, "rejected": " 21"}),
+])
+def test_labelled_completions_are_a_desirable_chosen_or_an_undesirable_rejected(row, expected):
+    assert read_pair(row, WHERE) == expected
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "p", "completion": " 21", "label": "no"},
+     "field 'label' must be true (a desirable completion) or false (an undesirable one), got 'no'"),
+    ({"prompt": "p", "completion": " 21", "label": 0},
+     "field 'label' must be true (a desirable completion) or false (an undesirable one), got 0"),
+    ({"completion": " 21", "label": True}, "missing field 'prompt' (a labelled completion needs its prompt)"),
+    ({"prompt": "p", "completion": "", "label": True}, "field 'completion' is empty"),
+    ({"prompt": "p", "completion": [user("x")], "label": True},
+     "field 'completion' must end in one assistant message after the prompt, got ['user']"),
+    ({"prompt": "p", "completion": " 21", "rejected": " 22", "label": True},
+     "field 'rejected' does not go with 'label' (a labelled row has one answer, in 'completion')"),
+])
+def test_bad_labelled_rows_name_the_row_and_field(row, message):
+    with pytest.raises(DataError) as err:
+        read_pair(row, WHERE)
+    assert str(err.value) == f"{WHERE}: {message}"
+
+
+def test_labelled_rows_feed_kto_and_step_1_imitates_only_the_desirable_ones(tmp_path, tiny_tokenizer):
+    """KTO reads labelled rows and pairs alike (a pair as one answer of each kind); step 1 keeps the desirable
+    answers, step 2's pairs none of the labelled rows."""
+    from utils.data.data_utils import create_prompt_dataset
+
+    rows = [{"prompt": f" Human: What is {i} + 1? Assistant:", "completion": f" {i + 1 + i % 2}", "label": i % 2 == 0}
+            for i in range(20)]
+    rows += [{"prompt": f" Human: What is {i} + 2? Assistant:", "chosen": f" {i + 2}", "rejected": " no"}
+             for i in range(10)]
+    for split in ("train", "eval"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    feedback, _ = create_prompt_dataset([str(tmp_path)], "0,1", str(tmp_path / "cache"), 2, 1, tiny_tokenizer, 64,
+                                        unpaired=True)
+    assert len(feedback) == 40 and sum(sample["desirable"] for sample in feedback) == 20
+    assert feedback.counts["train"] == {"read": 40, "kept": 40, "skipped": {}}  # a pair counts as two rows
+    sft, _ = create_prompt_dataset([str(tmp_path)], "1,0", str(tmp_path / "cache"), 1, 1, tiny_tokenizer, 64)
+    pairs, _ = create_prompt_dataset([str(tmp_path)], "0,1", str(tmp_path / "cache"), 2, 1, tiny_tokenizer, 64)
+    assert len(sft) == 20 and len(pairs) == 10

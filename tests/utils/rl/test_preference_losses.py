@@ -1,11 +1,14 @@
-"""The preference losses (utils/rl/losses.py: DPO with label smoothing, IPO, SimPO) and answer log-probs
-(utils/rl/tokens.py `sequence_logprobs`) on values worked out by hand in the comments beside them."""
+"""The preference losses (utils/rl/losses.py: DPO with label smoothing, IPO, SimPO; dispatched by the registry of
+utils/rl/preference_losses.py) and answer log-probs (utils/rl/tokens.py `sequence_logprobs`) on values worked out by
+hand in the comments beside them."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from utils.rl.losses import chosen_nll, dpo_loss, ipo_loss, preference_loss, simpo_loss
+from utils.rl.losses import chosen_nll, dpo_loss, ipo_loss, simpo_loss
+from utils.rl.preference_losses import PREFERENCE_LOSSES, preference_loss
 from utils.rl.tokens import sequence_logprobs
 
 
@@ -105,8 +108,8 @@ def test_no_gradient_when_chosen_and_rejected_are_the_same_answer(loss_type, lab
     logps = t(-2.0, -7.5, -0.3).requires_grad_()
     ref = t(-2.5, -7.0, -0.1)
     lengths = t(3.0, 5.0, 1.0)
-    loss, stats = preference_loss(loss_type, logps, logps, ref, ref, lengths, lengths, beta=0.7,
-                                  label_smoothing=label_smoothing, simpo_gamma=0.5)
+    settings = SimpleNamespace(beta=0.7, label_smoothing=label_smoothing, simpo_gamma=0.5)
+    loss, stats = preference_loss(loss_type, logps, logps, ref, ref, lengths, lengths, settings)
     (grad,) = torch.autograd.grad(loss, logps)
     assert torch.count_nonzero(grad) == 0
     assert stats["margins"].item() == 0.0 and stats["accuracy"].item() == 0.0
@@ -130,7 +133,31 @@ def test_stats_are_detached():
 
 def test_unknown_loss_type():
     with pytest.raises(ValueError, match="unknown preference loss 'kto'"):
-        preference_loss("kto", t(0.0), t(0.0), t(0.0), t(0.0), t(1.0), t(1.0), beta=0.1)
+        preference_loss("kto", t(0.0), t(0.0), t(0.0), t(0.0), t(1.0), t(1.0), SimpleNamespace(beta=0.1))
+
+
+@pytest.mark.parametrize("loss_type, expected", [
+    ("sigmoid", softplus(-1.0) + 0.1),  # = test_dpo_label_smoothing_hand_worked (beta 0.5, eps 0.1)
+    ("ipo", 1.0),                       # = the IPO case beta 0.5: (2 - 1)^2
+    # SimPO on PAIR's log-probs over 2 and 1 tokens, beta 0.5: r_w = 0.5 * -1/2 = -0.25, r_l = 0.5 * -3 = -1.5;
+    # z = 1.25 - gamma 0.25 = 1; eps 0.1: 0.9 log(1 + e^-1) + 0.1 log(1 + e) = log(1 + e^-1) + 0.1.
+    ("simpo", softplus(-1.0) + 0.1),
+])
+def test_each_registry_row_passes_the_flags_its_loss_takes(loss_type, expected):
+    """The row reads beta, label_smoothing (where the loss takes it: IPO does not) and simpo_gamma from the
+    settings, and the reference log-probs only where it needs a reference."""
+    settings = SimpleNamespace(beta=0.5, label_smoothing=0.1 if PREFERENCE_LOSSES[loss_type].label_smoothing else 0.0,
+                               simpo_gamma=0.25)
+    chosen, rejected, ref_chosen, ref_rejected = PAIR
+    if not PREFERENCE_LOSSES[loss_type].needs_reference:
+        ref_chosen = ref_rejected = None
+    loss, _ = preference_loss(loss_type, chosen, rejected, ref_chosen, ref_rejected, t(2.0), t(1.0), settings)
+    assert loss.item() == pytest.approx(expected, abs=1e-7)
+
+
+def test_the_rows_say_which_losses_need_a_reference_and_take_label_smoothing():
+    assert {name for name, row in PREFERENCE_LOSSES.items() if not row.needs_reference} == {"simpo", "orpo"}
+    assert {name for name, row in PREFERENCE_LOSSES.items() if row.label_smoothing} == {"sigmoid", "simpo"}
 
 
 def test_sequence_logprobs_sum_answer_labels_only():

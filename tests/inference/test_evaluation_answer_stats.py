@@ -1,0 +1,132 @@
+"""Tests of inference/evaluation.py's answer statistics: the best constant answer's score, the distinct answers and
+the most frequent one's share, and the answers cut at the token limit, on the built-in task's checker and a
+reasoning-gym verifier. A stub `generate` plays a model that answers one thing to every question."""
+import pytest
+import torch
+
+from inference import evaluation
+from inference.evaluation import (BUILTIN_CHECKER, answer_scalars, answer_stats, builtin_prompts, evaluate_models,
+                                  format_answer_stats, heldout_set)
+from inference.generation import eos_token_ids, generate, tokenize_prompts
+from utils.data import builtin_task as task
+
+
+def add_prompts(pairs):
+    return [task.format_prompt(task.add_question(a, b)) for a, b in pairs]
+
+
+def stub_generate(monkeypatch, answer_of, ended_of=lambda prompt: True):
+    """evaluate_models' `generate` replaced by a model answering `answer_of(prompt)`, ending where `ended_of`."""
+    def fake(model, tokenizer, prompts, max_new_tokens=16, return_ended=False, **kwargs):
+        answers, ended = [answer_of(p) for p in prompts], [ended_of(p) for p in prompts]
+        return (answers, ended) if return_ended else answers
+
+    monkeypatch.setattr(evaluation, "generate", fake)
+
+
+def test_best_constant_by_hand_on_the_builtin_checker():
+    # Sums 2, 2, 2, 3, 9. The checker: 1 exact, 0.5 off by 1 or 2, 0.25 any other integer.
+    prompts = add_prompts([(1, 1), (0, 2), (2, 0), (1, 2), (4, 5)])
+    stats = answer_stats(prompts, ["3"] * 5, BUILTIN_CHECKER)
+    # "2": 1 + 1 + 1 + 0.5 + 0.25 = 3.75; "3": 0.5 x 3 + 1 + 0.25 = 2.75; "9": 0.25 x 4 + 1 = 2.0.
+    assert stats["best_constant"] == {"all": 0.75, "add": 0.75}
+    assert stats["best_constant_answer"] == {"all": "2", "add": "2"}
+    assert stats["distinct_answers"] == {"all": 1, "add": 1}
+    assert stats["top_answer"] == {"all": "3", "add": "3"} and stats["top_answer_share"]["all"] == 1.0
+    assert stats["answers"] == 5
+
+
+def test_answers_in_rounds_count_every_round_and_compare_stripped():
+    prompts = add_prompts([(1, 1), (1, 2)])
+    stats = answer_stats(prompts, [" 2", "3", "2 ", "7"], BUILTIN_CHECKER)  # two rounds over the two prompts
+    assert stats["distinct_answers"]["all"] == 3 and stats["top_answer"]["all"] == "2"
+    assert stats["top_answer_share"]["all"] == 0.5 and stats["answers"] == 4
+
+
+def test_without_a_checker_there_is_no_best_constant_and_a_plain_checker_has_one_group():
+    prompts = add_prompts([(1, 1), (1, 2), (4, 5)])
+    stats = answer_stats(prompts, ["2", "2", "x"])
+    assert "best_constant" not in stats and stats["distinct_answers"] == {"all": 2}
+
+    def mean_length(prompts, answers):  # a reward function's checker: no groups, no references
+        return {"all": sum(len(a) for a in answers) / len(answers)}
+
+    stats = answer_stats(prompts, ["2", "2", "xyz"], mean_length)
+    assert stats["best_constant"] == {"all": 3.0} and stats["best_constant_answer"] == {"all": "xyz"}
+
+
+def test_a_constant_model_on_the_builtin_task_scores_the_best_constant_and_gives_one_answer(monkeypatch,
+                                                                                           tiny_tokenizer):
+    prompts = builtin_prompts()[:80]  # skills in turn: 20 of each
+    stub_generate(monkeypatch, lambda prompt: "1")
+    first = evaluate_models({"one": (None, tiny_tokenizer)}, prompts, samples_per_prompt=2)["one"]
+    stats = first["answer_stats"]["sampled"]
+    assert stats["distinct_answers"] == {"all": 1, "add": 1, "reverse": 1, "capital": 1, "upper": 1}
+    assert stats["top_answer_share"]["all"] == 1.0 and stats["answers"] == 160 and stats["hit_limit"] == 0
+    assert list(stats["best_constant"]) == list(first["sampled"])  # "all", then the skills, as the scores
+    for group, score in first["sampled"].items():
+        assert score <= stats["best_constant"][group]  # "1" is one of the constants tried
+    # A model answering each skill its best constant scores exactly that, skill by skill.
+    best = stats["best_constant_answer"]
+    stub_generate(monkeypatch, lambda prompt: best[task.parse_prompt(prompt)[0]])
+    second = evaluate_models({"per skill": (None, tiny_tokenizer)}, prompts, greedy_only=True)["per skill"]
+    for group in ("add", "reverse", "capital", "upper"):
+        assert second["greedy"][group] == pytest.approx(second["answer_stats"]["greedy"]["best_constant"][group])
+        assert second["answer_stats"]["greedy"]["distinct_answers"][group] == 1
+    assert second["answer_stats"]["greedy"]["distinct_answers"]["all"] == 4
+    # which the table warns of, skill by skill (over all questions it gives four answers, none mostly)
+    warning = format_answer_stats({"per skill": second}).splitlines()[-1]
+    assert warning.startswith("WARNING: per skill greedy gives mostly one answer and scores no better than a "
+                              "constant answer on: add ") and "upper" in warning and " all " not in warning
+    stub_generate(monkeypatch, lambda prompt: task.parse_prompt(prompt)[1])  # right every time: no warning
+    assert "WARNING" not in format_answer_stats(evaluate_models({"right": (None, tiny_tokenizer)}, prompts))
+    # and one answer to every question scores at most the best constant of all of them
+    stub_generate(monkeypatch, lambda prompt: best["all"])
+    third = evaluate_models({"one": (None, tiny_tokenizer)}, prompts, greedy_only=True)["one"]
+    assert third["greedy"]["all"] == pytest.approx(stats["best_constant"]["all"])
+
+
+def test_a_model_answering_1_to_every_gcd_question_scores_the_best_constant(monkeypatch, tiny_tokenizer):
+    pytest.importorskip("reasoning_gym")
+    # GCDs of three numbers: "1" is the most frequent answer, as "1" was on the counting task of the issue.
+    prompts, checker = heldout_set("reasoning_gym:gcd?min_numbers=3&max_numbers=3&size=300")
+    stub_generate(monkeypatch, lambda prompt: "1")
+    result = evaluate_models({"collapsed": (None, tiny_tokenizer)}, prompts, checker=checker)["collapsed"]
+    for decoding in ("sampled", "greedy"):
+        stats = result["answer_stats"][decoding]
+        assert 0 < result[decoding]["all"] < 1
+        assert stats["best_constant"] == {"all": result[decoding]["all"], "gcd": result[decoding]["gcd"]}
+        assert stats["best_constant_answer"] == {"all": "1", "gcd": "1"}
+        assert stats["distinct_answers"] == {"all": 1, "gcd": 1} and stats["top_answer_share"]["gcd"] == 1.0
+    table = format_answer_stats({"collapsed": result})
+    assert "WARNING: collapsed sampled gives mostly one answer and scores no better than a constant answer on: " \
+           "all " in table and "gcd" in table.splitlines()[-1] and "answering '1' to every question" in table
+    scalars = answer_scalars(result["answer_stats"]["sampled"])
+    assert scalars == {"best_constant": result["sampled"]["all"], "distinct_answers": 1, "top_answer_share": 1.0,
+                       "hit_limit": 0}
+
+
+def test_hit_limit_counts_the_answers_without_an_eos(monkeypatch, tiny_tokenizer):
+    prompts = add_prompts([(1, 1), (1, 2), (4, 5)])
+    stub_generate(monkeypatch, lambda prompt: "2", ended_of=lambda prompt: "4 + 5" not in prompt)
+    result = evaluate_models({"m": (None, tiny_tokenizer)}, prompts, samples_per_prompt=3, max_new_tokens=7)["m"]
+    assert result["answer_stats"]["sampled"]["hit_limit"] == 3 and result["answer_stats"]["greedy"]["hit_limit"] == 1
+    assert result["answer_stats"]["greedy"]["max_new_tokens"] == 7
+
+
+def test_generate_says_which_answers_ended_before_the_limit(tiny, monkeypatch):
+    import copy
+
+    model, tokenizer = tiny
+    prompts = add_prompts([(1, 1), (7, 12)]) + [task.format_prompt('Say "apple" in uppercase.')]
+    with torch.no_grad():  # each prompt's greedy first answer token
+        first = [int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+                 for ids in tokenize_prompts(tokenizer, prompts)]
+    answers, ended = generate(model, tokenizer, prompts, max_new_tokens=1, greedy=True, return_ended=True)
+    assert ended == [token in eos_token_ids(model, tokenizer) for token in first]
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = [tokenizer.eos_token_id, first[0]]  # the first prompt's answer now ends at once
+    monkeypatch.setattr(model, "generation_config", config)
+    answers, ended = generate(model, tokenizer, prompts, max_new_tokens=1, greedy=True, return_ended=True)
+    assert answers[0] == "" and ended == [token in (tokenizer.eos_token_id, first[0]) for token in first]
+    assert generate(model, tokenizer, prompts, max_new_tokens=1, greedy=True) == answers  # the plain call
