@@ -4,6 +4,7 @@ import pytest
 from training.recipes import DATA_RECIPES, RECIPES, data_kind, recipe_flags
 
 REQUIRED = {1: ["--output_dir", "out"], 2: ["--output_dir", "out"], "dpo": ["--output_dir", "out"],
+            "kto": ["--output_dir", "out"], "orpo": ["--output_dir", "out", "--loss_type", "orpo"],
             3: ["--actor_model_name_or_path", "a", "--critic_model_name_or_path", "c", "--output_dir", "out"],
             "eval": ["--model_name_or_path_baseline", "a", "--model_name_or_path_finetune", "b"]}
 
@@ -13,13 +14,14 @@ def step_parser(step):
     from training.step1_supervised_finetuning import prompt_eval
     from training.step2_reward_model_finetuning import main as step2
     from training.step2_dpo_finetuning import main as dpo
+    from training.step2_kto_finetuning import main as kto
     from training.step3_rlhf_finetuning import main as step3
 
-    return {1: step1, 2: step2, "dpo": dpo, 3: step3, "eval": prompt_eval}[step].parse_args
+    return {1: step1, 2: step2, "dpo": dpo, "kto": kto, "orpo": dpo, 3: step3, "eval": prompt_eval}[step].parse_args
 
 
 @pytest.mark.parametrize("model", sorted(RECIPES))
-@pytest.mark.parametrize("step", [1, 2, "dpo", 3, "eval"])
+@pytest.mark.parametrize("step", [1, 2, "dpo", "kto", "orpo", 3, "eval"])
 def test_every_recipe_parses(model, step):
     step_parser(step)(REQUIRED[step] + recipe_flags(model, step))
 
