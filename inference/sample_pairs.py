@@ -17,62 +17,44 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import time
 
-from inference.generation import generate, load_causal_lm, trained_max_new_tokens
+from inference.generation import DEFAULT_MAX_NEW_TOKENS, generate, load_causal_lm, trained_max_new_tokens
 from utils.data.prompting import model_prompt
-from utils.data.sampled_pairs import (PAIRS_DATA_SPLIT, SPLITS, PairCounts, is_complete, judged_pairs, part_prompts,
-                                      write_pairs)
+from utils.data.data_utils import KNOWN_NAMES
+from utils.data.sampled_pairs import (META_FILE, PAIRS_DATA_SPLIT, SPLITS, PairCounts, is_complete, judged_pairs,
+                                      part_prompts, write_pairs)
 from utils.model.model_utils import check_model_kind, resolve_model_path
+from utils.model.save import atomic_dir
 from utils.rl.reward_fns import call_reward_fn, load_reward_fn
-from utils.runtime.args import ArgumentParser, check_flag_ranges
+from utils.runtime.args import (ArgumentParser, add_data_args, add_generation_args, add_model_name_or_path_arg,
+                                add_output_dir_arg, add_reward_fn_arg, check_flag_ranges)
 from utils.runtime.dist import quiet_transformers
 from utils.runtime.ds_utils import choose_dtype
 from utils.runtime.errors import ConfigError, DataError, cli_entry
+from utils.runtime.paths import claim_folder, delete_leftovers
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model_name_or_path", type=str, required=True,
-                        help="The policy whose answers are sampled: a step-1 actor folder, hub name or built-in name.")
-    parser.add_argument("--reward_fn", type=str, required=True,
-                        help="The judge: builtin (the built-in task's checker), reasoning_gym (the verifier of "
-                             "--data_path's reasoning-gym tasks), or package.module:function / file.py:function "
-                             "(utils/rl/reward_fns.py).")
-    parser.add_argument("--output_dir", type=str, required=True,
-                        help="The pairs folder to write (train.jsonl, eval.jsonl, meta.json).")
-    parser.add_argument("--data_path", type=str, nargs="+", default=["builtin"],
-                        help="Where the prompts come from: any data source steps 2 and 3 read (default builtin).")
-    parser.add_argument("--data_split", type=str, default="2,4,4",
-                        help="The data split of the steps (default 2,4,4); the prompts are --train_phase's part.")
-    parser.add_argument("--train_phase", type=int, default=2, choices=(1, 2, 3),
-                        help="Whose part of --data_split gives the prompts: 2 (default), the step the pairs are for.")
-    parser.add_argument("--data_output_path", type=str, default="/tmp/data_files/",
-                        help="Where the shuffled split indices are cached (the steps' flag of that name).")
-    parser.add_argument("--max_prompts", type=int, default=None,
-                        help="Use at most the first N prompts of each split's part (they are in shuffled order); "
-                             "default all.")
-    parser.add_argument("--samples_per_prompt", type=int, default=4,
-                        help="Answers sampled per prompt, K: the pair is the best and the worst of them (default 4).")
-    parser.add_argument("--temperature", type=float, default=1.0,
-                        help="Sampling temperature (default 1.0, as step 3 samples).")
-    parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus top-p of the sampling (default 1.0).")
-    parser.add_argument("--max_new_tokens", type=int, default=None,
-                        help="The longest answer, in tokens (default: the answer length the model was trained to, "
-                             "from its saved settings; else 16).")
-    parser.add_argument("--batch_size", type=int, default=32, help="Prompts generated together (default 32).")
-    parser.add_argument("--seed", type=int, default=1234, help="Seed of the data split and the sampling.")
-    parser.add_argument("--dtype", type=str, default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                        help="auto: bf16 on a CPU with native bf16 (AMX / AVX-512 BF16), fp32 otherwise.")
-    parser.add_argument("--trust_remote_code", action="store_true",
-                        help="Allow the model folder's own Python code to run (off by default).")
+    add_model_name_or_path_arg(parser, required=True, help="The policy whose answers are sampled: a step-1 actor "
+                                                           "folder, hub name or built-in name.")
+    add_reward_fn_arg(parser, role="The judge", required=True)
+    add_output_dir_arg(parser, required=True, help="The pairs folder to write (train.jsonl, eval.jsonl, meta.json).")
+    data = add_data_args(parser, default_max_seq_len=None, data_path_nargs="+")
+    data.add_argument("--train_phase", type=int, default=2, choices=(1, 2, 3),
+                      help="Whose part of --data_split gives the prompts: 2 (default), the step the pairs are for.")
+    data.add_argument("--max_prompts", type=int, default=None,
+                      help="Use at most the first N prompts of each split's part (they are in shuffled order); "
+                           "default all.")
+    add_generation_args(parser, fallback_length=DEFAULT_MAX_NEW_TOKENS, samples_per_prompt=4,
+                        samples_help=", K: the pair is the best and the worst of them (at least 2)",
+                        covers="the data split and the sampling")
     parser.add_argument("--resume", action="store_true",
                         help="Keep the pairs already in --output_dir if they were made with the same settings "
                              "(its meta.json says so) instead of sampling them again.")
     args = parser.parse_args(argv)
+    if args.samples_per_prompt < 2:  # a pair is two answers; FLAG_RANGES says at least 1, as for prompt_eval.py
+        raise ConfigError(f"--samples_per_prompt must be at least 2, got {args.samples_per_prompt}")
     check_flag_ranges(args)
-    for flag in ("samples_per_prompt", "max_prompts", "max_new_tokens", "batch_size"):
-        value = getattr(args, flag)
-        if value is not None and value < (2 if flag == "samples_per_prompt" else 1):
-            raise ConfigError(f"--{flag} must be at least {2 if flag == 'samples_per_prompt' else 1}, got {value}")
     if Path(args.output_dir).is_file():
         raise ConfigError(f"--output_dir {args.output_dir} is a file, not a folder")
     return args
@@ -99,12 +81,39 @@ def sampled_answers(model, tokenizer, prompts, samples_per_prompt, max_new_token
                     temperature=temperature, top_p=top_p, batch_size=batch_size, seed=seed, desc=desc)
 
 
+def local_data_inputs(data_paths):
+    """("--data_path", the local file or folder) of each --data_path that names one (not builtin, a hub data set
+    or a reasoning-gym spec; local/jsonfile: ./data), as claim_folder takes its inputs."""
+    inputs = []
+    for name in data_paths:
+        if name == "local/jsonfile":
+            name = str(Path.cwd() / "data")
+        elif name in KNOWN_NAMES or name.startswith("reasoning_gym:") or not Path(name).expanduser().exists():
+            continue
+        inputs.append(("--data_path", str(Path(name).expanduser())))
+    return inputs
+
+
+def check_own_pairs(out):
+    """Refuse an --output_dir whose train.jsonl / eval.jsonl this tool did not write (no meta.json beside them):
+    someone's data, which writing the pairs would replace."""
+    found = [f"{split}.jsonl" for split in SPLITS if (out / f"{split}.jsonl").exists()]
+    if found and not (out / META_FILE).is_file():
+        raise ConfigError(f"--output_dir {out} holds {' and '.join(found)} not written by sample_pairs (no "
+                          f"{META_FILE} beside them), which the pairs would replace; pick another --output_dir")
+
+
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
 
     model_path = resolve_model_path(args.model_name_or_path)
     check_model_kind(model_path, reward=False, name=f"--model_name_or_path {args.model_name_or_path}")
+    out = Path(args.output_dir)  # claimed as every step claims its own: inputs kept, writable, one run at a time
+    claim_folder(out, "--output_dir", [("--model_name_or_path", model_path), *local_data_inputs(args.data_path)],
+                 files=[out / f"{split}.jsonl" for split in SPLITS] + [out / META_FILE])
+    check_own_pairs(out)
+    delete_leftovers(out)
     reward_fn = load_reward_fn(args.reward_fn, args)  # a wrong judge fails before any answer is sampled
     prompts = {split: part_prompts(args.data_path, args.data_split, args.train_phase, args.seed,
                                    args.data_output_path, split)[:args.max_prompts] for split in SPLITS}
@@ -132,7 +141,8 @@ def main(argv=None):
         counts[split] = PairCounts()
         rows[split] = judged_pairs(prompts[split], answers, scores, counts[split])
         print(counts[split].summary(split), flush=True)
-    write_pairs(args.output_dir, rows, settings, counts)
+    with atomic_dir(out) as tmp:  # the folder's earlier pairs until the new ones are whole (a full disk keeps them)
+        write_pairs(tmp, rows, settings, counts)
     print(f"wrote {args.output_dir} (train.jsonl, eval.jsonl, meta.json) in {time.time() - start:.0f} s; train on "
           f"it with --data_path {args.output_dir} --data_split {PAIRS_DATA_SPLIT}", flush=True)
     return 0

@@ -1,8 +1,10 @@
-"""SIGINT and SIGTERM, as a user or a scheduler sends them: every entry point ends in one line
-`interrupted: <signal>[; resume with --resume]` and exit 128 + the signal's number (130, 143), no traceback; a
+"""SIGINT, SIGTERM and SIGHUP, as a user, a scheduler or a closed terminal sends them: every entry point ends in one
+line `interrupted: <signal>[; resume with --resume]` and exit 128 + the signal's number (130, 143, 129), no
+traceback (the hint only once there is a checkpoint to resume from); a
 checkpoint being written when the signal comes is finished first; the output folder is left resumable (complete
 checkpoints only, the lock released); train.py passes the signal on to the step it runs and waits for it, so no
 step trains on as an orphan."""
+import os
 import signal
 import subprocess
 import sys
@@ -11,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+import train
 from processes import REPO, subprocess_env
+from utils.runtime.errors import INTERRUPT_SIGNALS
 
 STEP1 = REPO / "training" / "step1_supervised_finetuning" / "main.py"
 STEP1_FLAGS = ["--data_split", "10,1000,1000", "--per_device_train_batch_size", "4", "--max_seq_len", "64",
                "--num_train_epochs", "3", "--max_steps", "60", "--print_interval", "1", "--save_steps", "5"]
-EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 def wait_for_line(stream, text, seen):
@@ -36,8 +40,10 @@ def assert_resumable(out):
     assert not (out.parent / f".{out.name}.lock").exists()
 
 
-@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.e2e), signal.SIGTERM],
-                         ids=["SIGINT", "SIGTERM"])
+# SIGHUP to a running step, not e2e: tests/test_hostile.py (with the tools that its folder is refused to meanwhile)
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.e2e), signal.SIGTERM,
+                                    pytest.param(signal.SIGHUP, marks=pytest.mark.e2e)],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_step_interrupted_ends_in_one_line_and_resumes(tmp_path, signum):
     out = tmp_path / "out"
     command = [sys.executable, str(STEP1), *STEP1_FLAGS, "--data_output_path", str(tmp_path / "data"),
@@ -83,6 +89,43 @@ def test_train_py_passes_sigterm_to_its_step_and_waits_for_it(tmp_path):
     assert "interrupted: SIGTERM; resume with --resume" in log.read_text()  # the step's own line, in its log
     assert not (step_dir / "model.safetensors").exists()
     assert_resumable(step_dir)
+
+
+def interrupt_train_py(argv, signum, monkeypatch, capsys, when):
+    """(exit code, the interrupted: line) of train.main(argv) in process, its steps pretending to finish at once, the
+    signal sent to itself when `when(command)` of a launched command (else at the report)."""
+    def run_child(command, **kwargs):
+        if when(command):
+            os.kill(os.getpid(), signum)
+            time.sleep(30)  # the signal's handler raises here
+        return 0
+
+    def pipeline_report(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        time.sleep(30)
+
+    monkeypatch.setattr(train, "run_child", run_child)
+    monkeypatch.setattr("utils.trainer.report.pipeline_report", pipeline_report)
+    with pytest.raises(SystemExit) as exit_:
+        train.main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("interrupted:", "error:"))]
+    return exit_.value.code, lines
+
+
+@pytest.mark.parametrize("signum", INTERRUPT_SIGNALS, ids=lambda signum: signal.Signals(signum).name)
+def test_train_py_interrupted_after_its_steps_names_what_was_running(tmp_path, signum, monkeypatch, capsys):
+    """Before: `step 3 stopped (its log: ...); resume with --resume` during the closing evaluation and the report,
+    when step 3 had finished and nothing was left to resume."""
+    name, out = signal.Signals(signum).name, str(tmp_path / "out")
+    code, lines = interrupt_train_py(["--output-dir", out], signum, monkeypatch, capsys,
+                                     when=lambda command: "prompt_eval.py" in " ".join(command))
+    assert code == 128 + signum
+    assert lines == [f"interrupted: {name}; the closing evaluation stopped, every step having finished (its "
+                     "command: the '---- evaluation:' line above)"]
+    code, lines = interrupt_train_py(["--output-dir", out, "--no-eval"], signum, monkeypatch, capsys,
+                                     when=lambda command: False)
+    assert code == 128 + signum
+    assert lines == [f"interrupted: {name}; writing the report stopped, every step having finished"]
 
 
 def running_with(text):

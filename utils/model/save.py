@@ -1,13 +1,16 @@
-"""Saving trained models as Hugging Face folders (safetensors), whole even under ZeRO-3, LoRA fused, atomically."""
+"""Saving trained models as Hugging Face folders (safetensors), whole even under ZeRO-3, LoRA fused, atomically: a
+save that fails (a full disk) leaves the folder's earlier model as it was, and the trained weights in a folder
+named in the error instead of lost."""
 import fnmatch
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from utils.model.lora import fuse_lora_state_dict, has_lora
 from utils.model.model_utils import read_json_object
 from utils.runtime.dist import barrier
-from utils.runtime.errors import interrupts_deferred
+from utils.runtime.errors import ChatRLHFError, interrupts_deferred
 from utils.runtime.paths import honour_umask, make_temp_dir_beside, replace_dir
 from utils.runtime.progress import is_rank_0
 
@@ -51,19 +54,62 @@ def gather_state_dict(module, zero_stage):
 def save_hf_model(module, tokenizer, output_dir, zero_stage=0, settings=None):
     """Write `module` (a transformers model, or a module with the same `save_pretrained(dir, state_dict=...)`)
     and its tokenizer into `output_dir` as a Hugging Face folder, with the run's `settings` (the flags that shaped
-    its training) as TRAINING_SETTINGS if given. Every rank must call it (ZeRO-3 gathers)."""
+    its training) as TRAINING_SETTINGS if given. Every rank must call it (ZeRO-3 gathers).
+
+    ChatRLHFError, nothing written, if a weight is not finite (a run that diverged: its model is of no use). If
+    the write fails (a full disk), `output_dir` keeps what it held and the model is written to a new folder in the
+    temporary directory ($TMPDIR) instead, which the error names (or, if that fails too, says so)."""
     import json
 
     state_dict = gather_state_dict(module, zero_stage)
+    problem = None
     if is_rank_0():
         if has_lora(module):
             state_dict = fuse_lora_state_dict(module, state_dict)
-        with atomic_dir(output_dir) as tmp:
-            module.save_pretrained(tmp, state_dict=state_dict)
-            tokenizer.save_pretrained(tmp)
+        problem = _not_finite(state_dict, output_dir)
+
+        def write(folder):  # a copy of the dict each time: save_pretrained may empty the one it is given
+            module.save_pretrained(folder, state_dict=dict(state_dict))
+            tokenizer.save_pretrained(folder)
             if settings is not None:
-                (tmp / TRAINING_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+                (Path(folder) / TRAINING_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+
+        if problem is None:
+            try:
+                with atomic_dir(output_dir) as tmp:
+                    write(tmp)
+            except Exception as err:  # noqa: BLE001 (SafetensorError, OSError...: the weights must not be lost)
+                problem = _saved_elsewhere(write, output_dir, err)
     barrier()
+    if problem is not None:
+        raise ChatRLHFError(problem)
+
+
+def _not_finite(state_dict, output_dir):
+    """What is wrong with weights holding a NaN or inf (None if all are finite)."""
+    import torch
+
+    for name, tensor in state_dict.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            return (f"the trained weights are not finite ({name} holds NaN or inf): not saved in {output_dir}, "
+                    "which keeps what it held; the run diverged (try a lower learning rate)")
+    return None
+
+
+def _saved_elsewhere(write, output_dir, err):
+    """The error line of a save into `output_dir` that failed with `err`: the model written by `write(folder)`
+    into a new folder of the temporary directory instead, named; or why that failed too."""
+    why = " ".join(f"{type(err).__name__}: {err}".split())
+    fallback = Path(tempfile.mkdtemp(prefix=f"chatrlhf-unsaved-{Path(output_dir).name}-"))
+    try:
+        write(fallback)
+    except Exception as second:  # noqa: BLE001
+        shutil.rmtree(fallback, ignore_errors=True)
+        return (f"could not save the trained model in {output_dir} ({why}), nor in {fallback.parent} "
+                f"({type(second).__name__}: {second}); {output_dir} keeps what it held before: free some space and "
+                "run again (with --resume, from the last checkpoint)")
+    return (f"could not save the trained model in {output_dir} ({why}); it is kept in {fallback} instead: move "
+            f"it to {output_dir} once there is room ({output_dir} keeps what it held before)")
 
 
 def read_training_settings(folder):

@@ -23,8 +23,12 @@ A source registers a reward function with one line here, a factory that gets ste
 
     REWARD_FNS["my_source"] = lambda args: my_reward_fn
 
-Every call is checked (`call_reward_fn`): a function that raises, returns a wrong number of values, or a value
-that is not a finite number stops the run with one `error:` line naming the function.
+Every call is checked (`call_reward_fn`): a function that raises (anything: SystemExit, KeyboardInterrupt and
+GeneratorExit too, so that user code can neither end the run as a success nor look like a Ctrl-C), does not
+return within REWARD_FN_TIMEOUT seconds, returns something other than one number per answer (a string is not a
+list of numbers), or a value that is not finite in float32, the dtype the rewards are used in, stops the run with
+one `error:` line naming the function. Importing a user's module is guarded the same way. A real Ctrl-C (or
+SIGTERM, SIGHUP) while the function runs still interrupts the run.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import importlib.util
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -40,6 +45,13 @@ import torch
 from utils.data.builtin_task import score_answer
 from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
 from utils.runtime.errors import ChatRLHFError, ConfigError
+
+REWARD_FN_TIMEOUT = 600.0
+"""Seconds one call of a reward function (or the import of its module) may take before the run stops with an
+error naming it; the environment variable TIMEOUT_VARIABLE overrides it. Generous: a call scores one batch."""
+TIMEOUT_VARIABLE = "CHATRLHF_REWARD_FN_TIMEOUT"
+NOT_A_LIST = (str, bytes, bytearray, dict, set, frozenset)
+"""Results that iterate but are no list of numbers: "1111" would read as four rewards of 1, a dict as its keys."""
 
 
 def builtin_reward_fn(prompts, answers):
@@ -86,22 +98,32 @@ def _import_function(spec, flag="--reward_fn"):
     if not location or not attribute:
         raise ConfigError(f"{flag} {spec!r} is neither a known name ({', '.join(sorted(REWARD_FNS))}) nor "
                           "package.module:function or path/to/file.py:function")
-    try:
-        if location.endswith(".py"):
-            path = Path(location)
-            if not path.is_file():
-                raise ConfigError(f"{flag} {spec}: the file {location} does not exist")
+    if location.endswith(".py"):
+        path = Path(location)
+        if not path.is_file():
+            raise ConfigError(f"{flag} {spec}: the file {location} does not exist")
+
+        def load():
             module_spec = importlib.util.spec_from_file_location(path.stem, path)
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
-        else:
-            if os.getcwd() not in sys.path:
-                sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(location)
-    except ChatRLHFError:
-        raise
-    except Exception as err:  # the user's module failed to import: say which and why, in one line
-        raise ConfigError(f"{flag} {spec}: cannot import {location}: {type(err).__name__}: {err}") from None
+            return module
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+
+        def load():
+            return importlib.import_module(location)
+    timeout = reward_fn_timeout()
+    outcome, module = run_guarded(load, timeout, f"import of {location}")
+    if outcome == RUNNING:
+        raise ConfigError(f"{flag} {spec}: importing {location} did not finish within {timeout:g} s "
+                          f"({TIMEOUT_VARIABLE} sets the limit)")
+    if outcome == RAISED:
+        if isinstance(module, ChatRLHFError):
+            raise module
+        # the user's module failed to import: say which and why, in one line
+        raise ConfigError(f"{flag} {spec}: cannot import {location}: {_raised(module)}")
     function = getattr(module, attribute, None)
     if not callable(function):
         raise ConfigError(f"{flag} {spec}: {location} has no function {attribute!r}")
@@ -125,22 +147,99 @@ def check_reward_fn(spec, data_paths, flag):
         _import_function(spec, flag)
 
 
+def reward_fn_timeout():
+    """REWARD_FN_TIMEOUT, or the seconds the environment variable TIMEOUT_VARIABLE gives (ConfigError naming it
+    if they are not a positive number)."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return REWARD_FN_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds, not {text!r}")
+    return seconds
+
+
+RETURNED, RAISED, RUNNING = "returned", "raised", "running"
+
+
+def run_guarded(function, timeout, name):
+    """(RETURNED, function()) if it returns within `timeout` seconds, (RAISED, the exception) if it raises
+    anything (any BaseException: user code may call sys.exit or raise KeyboardInterrupt), (RUNNING, None) if it
+    is still running then: it runs in a daemon thread of its own (`name`), left behind to end with the process.
+    The waiting thread stays interruptible: a signal (Ctrl-C) raises there as it would in the function."""
+    outcome = [RUNNING, None]
+    grad = torch.is_grad_enabled()
+
+    def target():
+        try:
+            with torch.set_grad_enabled(grad):  # the caller's autograd mode, which is per thread
+                outcome[:] = RETURNED, function()
+        except BaseException as err:  # noqa: B036 (whatever user code raises is reported, never let through)
+            outcome[:] = RAISED, err
+
+    thread = threading.Thread(target=target, name=f"chatrlhf {name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return (RUNNING, None) if thread.is_alive() else tuple(outcome)
+
+
+class _NotANumber(Exception):
+    """A value of a reward function's result that is not a number (what is wrong, for the error line)."""
+
+
 def call_reward_fn(reward_fn, name, prompts, answers):
     """reward_fn(prompts, answers) as a float32 tensor (B,), checked: ChatRLHFError naming the function (`name`,
-    as given to --reward_fn) if it raises, returns something other than one number per answer, or a value that
-    is not finite."""
+    as given to --reward_fn) if it raises, does not return (its result drawn to the end) within
+    reward_fn_timeout() seconds, returns something other than one number per answer, or a value that is not
+    finite in float32 (1e39 is a finite Python float, and inf in float32)."""
     what = f"the reward function --reward_fn {name}"
-    try:
-        values = reward_fn(list(prompts), list(answers))
-    except Exception as err:
-        raise ChatRLHFError(f"{what} raised {type(err).__name__}: {err}") from None
-    try:
-        values = [float(value) for value in values]
-    except (TypeError, ValueError) as err:
-        raise ChatRLHFError(f"{what} did not return a list of numbers ({err})") from None
+    prompts, answers = list(prompts), list(answers)
+    timeout = reward_fn_timeout()
+    stop = threading.Event()
+
+    def scores():
+        values = reward_fn(prompts, answers)
+        if isinstance(values, NOT_A_LIST) or not hasattr(values, "__iter__"):
+            raise _NotANumber(f"it returned a {type(values).__name__}: {_short(values)}")
+        numbers = []
+        for index, value in enumerate(values):  # a lazy result (a generator) is drawn here, under the time limit
+            if stop.is_set():
+                break
+            if isinstance(value, (str, bytes, bytearray)):
+                raise _NotANumber(f"answer {index}'s value is a {type(value).__name__}: {_short(value)}")
+            try:
+                numbers.append(float(value))
+            except (TypeError, ValueError, OverflowError) as err:
+                raise _NotANumber(f"answer {index}'s value {_short(value)}: {err}") from None
+        return numbers
+
+    outcome, values = run_guarded(scores, timeout, what)
+    if outcome == RUNNING:
+        stop.set()
+        raise ChatRLHFError(f"{what} did not return within {timeout:g} s ({TIMEOUT_VARIABLE} sets the limit)")
+    if outcome == RAISED:
+        raise ChatRLHFError(f"{what} did not return a list of numbers ({values})" if isinstance(values, _NotANumber)
+                            else f"{what} raised {_raised(values)}")
     if len(values) != len(answers):
         raise ChatRLHFError(f"{what} returned {len(values)} values for {len(answers)} answers")
-    for index, value in enumerate(values):
-        if not math.isfinite(value):
-            raise ChatRLHFError(f"{what} returned {value} for answer {index}: rewards must be finite numbers")
-    return torch.tensor(values, dtype=torch.float32)
+    rewards = torch.tensor(values, dtype=torch.float32)
+    finite = torch.isfinite(rewards)
+    if not finite.all():
+        index = int((~finite).nonzero()[0])
+        raise ChatRLHFError(f"{what} returned {values[index]!r} for answer {index}: rewards must be finite numbers "
+                            f"in float32, the dtype training uses (|r| < {torch.finfo(torch.float32).max:.3g})")
+    return rewards
+
+
+def _raised(err):
+    """`Type: message` of an exception user code raised (SystemExit: its exit code)."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _short(value, limit=40):
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."

@@ -1,7 +1,9 @@
 """User-facing errors: bad input ends in one clear line and a non-zero exit, never a traceback; so does an
-interruption (SIGINT, SIGTERM): `interrupted: SIGTERM; resume with --resume`, exit 128 + the signal's number."""
+interruption (SIGINT, SIGTERM, SIGHUP: every signal that ends a terminal session): `interrupted: SIGTERM; resume
+with --resume`, exit 128 + the signal's number."""
 import argparse
 import contextlib
+import errno
 import functools
 import signal
 import sys
@@ -21,7 +23,8 @@ class ConfigError(ChatRLHFError, ValueError):
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived. A BaseException, as KeyboardInterrupt, so no `except Exception` swallows it."""
+    """SIGINT, SIGTERM or SIGHUP arrived. A BaseException, as KeyboardInterrupt, so no `except Exception` swallows
+    it."""
 
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
@@ -29,7 +32,10 @@ class Interrupted(BaseException):
 
 
 EXIT_USER_ERROR = 2
-INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Ctrl-C; a scheduler's or `kill`'s stop; a closed terminal or dropped ssh session. One left ignored (SIG_IGN) when
+# the process starts stays ignored: `nohup` ignores SIGHUP so that a run outlives its terminal.
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _exit_callbacks = []
 _interrupt = {"hint": None, "deferred": 0, "held": []}
 
@@ -49,7 +55,8 @@ def _run_exit_callbacks():
 
 
 def interrupt_hint(hint):
-    """What the line printed on an interruption adds from now on (a training run: "resume with --resume")."""
+    """What the line printed on an interruption adds from now on (a training run with a checkpoint to resume
+    from: "resume with --resume"); None: nothing."""
     _interrupt["hint"] = hint
 
 
@@ -62,8 +69,8 @@ def _raise_interrupted(signum, frame):
 
 @contextlib.contextmanager
 def interrupts_deferred():
-    """Hold SIGINT and SIGTERM back while the block runs (a checkpoint or model being written, which then is
-    finished, never left half-written), and act on them once it has ended."""
+    """Hold SIGINT, SIGTERM and SIGHUP back while the block runs (a checkpoint or model being written, which then
+    is finished, never left half-written), and act on them once it has ended."""
     _interrupt["deferred"] += 1
     try:
         yield
@@ -77,25 +84,37 @@ def interrupts_deferred():
 
 def cli_entry(main):
     """Wrap a script's `main` so that a `ChatRLHFError` prints `error: <message>` on one line and exits 2, and
-    SIGINT or SIGTERM prints `interrupted: <signal>[; <hint>]` on one line and exits 128 + its number (130,
-    143), what a shell reports for a process the signal ended."""
+    SIGINT, SIGTERM or SIGHUP prints `interrupted: <signal>[; <hint>]` on one line and exits 128 + its number
+    (130, 143, 129), what a shell reports for a process the signal ended. A disk that fills up (ENOSPC,
+    EDQUOT) wherever a file is written, memory running out, and standard output closed under it (a broken pipe)
+    end in one line too."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         in_main_thread = threading.current_thread() is threading.main_thread()
-        previous = {signum: signal.signal(signum, _raise_interrupted) for signum in INTERRUPT_SIGNALS} \
-            if in_main_thread else {}
+        previous = {signum: signal.signal(signum, _raise_interrupted) for signum in INTERRUPT_SIGNALS
+                    if signal.getsignal(signum) != signal.SIG_IGN} if in_main_thread else {}
         try:
             return main(*args, **kwargs)
         except ChatRLHFError as err:
-            message = " ".join(str(err).split())
-            _close_progress_bars()
-            print(f"error: {message}", file=sys.stderr, flush=True)
+            _print_error(str(err))
+            sys.exit(EXIT_USER_ERROR)
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise
+            _print_interrupted("SIGPIPE (standard output was closed)")  # its reader has gone (`| head`, a dead tee)
+            sys.exit(128 + signal.SIGPIPE)
+        except OSError as err:
+            if err.errno not in DISK_FULL:
+                raise
+            where = f" writing {err.filename}" if err.filename else ""
+            _print_error(f"no space left on device{where} ({err.strerror or err}); free some space and run again")
+            sys.exit(EXIT_USER_ERROR)
+        except MemoryError:
+            _print_error("out of memory: the data, model or batch does not fit this machine's memory")
             sys.exit(EXIT_USER_ERROR)
         except Interrupted as stop:
-            hint = f"; {_interrupt['hint']}" if _interrupt["hint"] else ""
-            _close_progress_bars()
-            print(f"interrupted: {stop}{hint}", file=sys.stderr, flush=True)
+            _print_interrupted(str(stop))
             sys.exit(128 + stop.signum)
         finally:
             _interrupt["deferred"] += 1  # the clean-up runs to its end
@@ -105,6 +124,44 @@ def cli_entry(main):
             _interrupt.update(hint=None, deferred=0, held=[])
 
     return wrapper
+
+
+def _print_error(message):
+    _close_progress_bars()
+    try:
+        print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    except OSError:  # stderr gone with the terminal: the exit code says it
+        pass
+
+
+def _print_interrupted(what):
+    hint = f"; {_interrupt['hint']}" if _interrupt["hint"] else ""
+    _close_progress_bars()
+    try:
+        print(f"interrupted: {what}{hint}", file=sys.stderr, flush=True)
+    except OSError:  # stderr gone with the terminal (a hang-up): the exit code says it
+        pass
+
+
+def _stdout_closed():
+    """Whether standard output's reader has gone (its pipe is broken); then what is left for it is dropped, so
+    that flushing it at exit does not fail once more."""
+    import os
+
+    try:
+        sys.stdout.flush()
+        return False
+    except BrokenPipeError:
+        pass
+    except Exception:  # noqa: BLE001 (another failure: not a closed pipe)
+        return False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except Exception:  # noqa: BLE001 (stdout without a file descriptor of its own)
+        pass
+    return True
 
 
 def _close_progress_bars():

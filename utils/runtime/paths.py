@@ -1,6 +1,15 @@
-"""Where chatrlhf keeps what it builds once and reuses: the built-in data, the tiny model, converted models."""
+"""Where chatrlhf keeps what it builds once and reuses (the built-in data, the tiny model, converted models), how it
+writes files and folders atomically, and how a run claims the folder it writes (`claim_folder`)."""
 import os
+import re
+import shutil
 from pathlib import Path
+
+from utils.runtime.errors import ConfigError, on_exit
+
+# Left by an interrupted write: make_temp_dir_beside's `.<name>.<8 characters>.tmp`, write_file_atomic's
+# `.<name>.<pid>.tmp`, and `.<name>.old` (a model folder swapped by an earlier version).
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.tmp|old|\d+\.tmp)")
 
 
 def cache_dir() -> Path:
@@ -137,3 +146,107 @@ class FolderLock:
             self.path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = None
+
+
+# ---- the folder a run writes -------------------------------------------------------------------------------------
+
+
+def claim_folder(out, flag="--output_dir", inputs=None, model_dirs=None, files=None):
+    """Claim the folder `out` a run writes, before any data or model is loaded (ConfigError naming `flag` if it
+    cannot be had), so that nothing fails late or does harm:
+
+    - no input (`inputs`: {flag: path}, or (flag, path) pairs) is written over: a folder the run saves a model
+      into (`model_dirs`, replaced whole; default `out` itself), a file it writes (`files`, paths in `out`), or
+      the folder holding such a file (a data folder whose train.jsonl the run would replace);
+    - `out` is, or can be made, a folder this process can write in (a file is created there and deleted);
+    - no other run writes it at the same time: an exclusive FolderLock, held until this process's `cli_entry` main
+      ends, naming its PID. Folders made here are removed at the end if the run left them empty.
+    Every tool that writes an output folder claims it so (the training steps through
+    utils.trainer.checkpoint.claim_output_dir, which adds their checkpoints' rules).
+    """
+    out = Path(out)
+    written = [(Path(path), False) for path in (model_dirs or ([] if files else [out]))]
+    written += [(Path(path), True) for path in files or []]
+    for input_flag, path in (inputs.items() if isinstance(inputs, dict) else inputs or ()):
+        if not path or not Path(path).exists():
+            continue
+        source = Path(path).resolve()
+        for target, is_file in written:
+            target = target.resolve()
+            if not is_file and source == target:
+                harm = f"save the trained model into {input_flag} {path}, replacing the weights it starts from"
+            elif is_file and source == target:
+                harm = f"write its {target.name} over {input_flag} {path}"
+            elif is_file and source == target.parent:
+                harm = f"write {target.name} into {input_flag} {path}, replacing what the run reads there"
+            else:
+                continue
+            raise ConfigError(f"{flag} {out} would {harm}; pick another {flag}")
+    created = _make_dirs(out, flag)
+    lock = FolderLock(out)
+    if not lock.acquire():
+        remove_if_empty(created)
+        raise ConfigError(f"{flag} {out} is in use by another run (PID {lock.holder()}, holding {lock.path}); wait "
+                          f"for it to end or pick another {flag}")
+    on_exit(lambda: (lock.release(), remove_if_empty(created)))
+    return lock
+
+
+def delete_leftovers(out, *inside, say=print):
+    """Delete the temporary folders and files an interrupted save left: `out`'s own beside it, and any in `out`
+    and in the folders `inside`, saying so with `say`."""
+    out = Path(out)
+    for folder, name in ((out.resolve().parent, out.resolve().name), (out, None), *((Path(f), None) for f in inside)):
+        for path in folder.iterdir() if folder.is_dir() else ():
+            match = TEMPORARY.fullmatch(path.name)
+            if match and (name is None or match.group("name") == name):
+                say(f"deleting {path}, left by an interrupted save")
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _make_dirs(out, flag, named=None):
+    """Create `out` (and missing parents) and check that a file can be written in it; the folders created,
+    deepest first. ConfigError naming `flag` and `named` (default: `out`) if not."""
+    import tempfile
+
+    named = out if named is None else named
+    missing = [path for path in [out, *out.parents] if not path.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        remove_if_empty(missing)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"{flag} {named}: {out} is a file, not a folder" if named != out else
+                              f"{flag} {out} is a file, not a folder") from None
+        raise ConfigError(f"{flag} {named}: cannot write there ({err.strerror or err})") from None
+    return missing
+
+
+def remove_if_empty(folders):
+    """Remove each folder in turn (deepest first) while it is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def check_writable_file(flag, path):
+    """Refuse (ConfigError naming `flag`) an output file that is a folder or whose folder cannot be made or
+    written, before the work whose result it keeps; the folders tried are removed again."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file to write")
+    remove_if_empty(_make_dirs(path.parent, flag, named=path))
+
+
+def check_not_an_input(flag, path, inputs):
+    """Refuse (ConfigError) an output file `path` that is one of the `inputs` ({flag: path} or (flag, path)
+    pairs) the run reads, before the run reads it."""
+    if not path:
+        return
+    for input_flag, source in (inputs.items() if isinstance(inputs, dict) else inputs):
+        if source and Path(source).exists() and Path(source).resolve() == Path(path).resolve():
+            raise ConfigError(f"{flag} {path} would overwrite {input_flag} {source}; name another file")

@@ -25,7 +25,9 @@ leftovers before training starts). The output folder must be
 on a file system every rank sees (as DeepSpeed's own checkpoints assume). Own state is JSON and safetensors,
 never pickle (DeepSpeed's engine files are its own `torch.save` format).
 """
+import contextlib
 import json
+import os
 import random
 import re
 import shutil
@@ -35,19 +37,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from utils.data.data_utils import KNOWN_NAMES
 from utils.model.save import gather_state_dict, load_safetensors, save_safetensors
 from utils.runtime.dist import barrier, print_rank_0
 from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, interrupts_deferred, on_exit
-from utils.runtime.paths import FolderLock, make_temp_dir_beside, replace_dir, write_file_atomic
+from utils.runtime.paths import (claim_folder, delete_leftovers, make_temp_dir_beside, replace_dir,
+                                 write_file_atomic)
 from utils.runtime.progress import is_rank_0
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 COMPLETE = "COMPLETE"
 NAME = re.compile(r"step(\d+)")
-# Left by an interrupted write: make_temp_dir_beside's `.<name>.<8 characters>.tmp`, write_file_atomic's
-# `.<name>.<pid>.tmp` (the `latest` pointer), and `.<name>.old` (a model folder swapped by an earlier version).
-TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.tmp|old|\d+\.tmp)")
+RESUME_HINT = "resume with --resume"
+"""What an interrupted run's line adds once its output folder holds a checkpoint to resume from (not before)."""
+NOT_COMPARED = ("output_dir",)
+"""Recorded flags a resume does not compare: the folder the checkpoint was found in is the run's, moved, copied or
+reached through a symbolic link."""
+PATH_FLAGS = ("data_path", "model_name_or_path", "actor_model_name_or_path", "critic_model_name_or_path",
+              "ref_model_name_or_path", "unsupervised_dataset_name", "reward_fn")
+"""Recorded flags that may name local paths: compared as the files they name (absolute, links followed), so that
+`data/x.jsonl` and `/home/me/data/x.jsonl` are the same data."""
 
 
 def checkpoint_name(step):
@@ -144,14 +154,15 @@ def claim_output_dir(args, inputs=None, model_dirs=None):
     """Settle everything about --output_dir that could fail late or do harm, before any data or model is loaded.
     Rank 0 checks; every rank raises the same ConfigError if a check fails.
 
-    - it is, or can be made, a folder this process can write to (a file is created in it and deleted);
-    - no input model folder (`inputs`: {flag: path}) is a folder the run saves a model into (`model_dirs`,
-      default: the output folder itself), which the save would replace;
-    - no other run uses it: an exclusive FolderLock, held until this process's main ends, naming its PID;
+    - what every tool's output folder is checked for (utils.runtime.paths.claim_folder): it can be written; no
+      input model folder (`inputs`: {flag: path}) is a folder the run saves a model into (`model_dirs`, default:
+      the output folder itself), which the save would replace; no other run uses it (a lock held until this
+      process's main ends, naming its PID);
     - a fresh run does not start over an earlier run's checkpoints (its pruning would delete them): --resume
       continues them, --overwrite_output_dir deletes them first;
     - temporary folders and files left by an interrupted save are deleted.
-    Folders it had to create are removed at exit if the run left them empty.
+    Folders it had to create are removed at exit if the run left them empty. An interruption says "resume with
+    --resume" from the moment there is a checkpoint to resume from.
     """
     message = None
     if is_rank_0():
@@ -166,19 +177,9 @@ def claim_output_dir(args, inputs=None, model_dirs=None):
 
 
 def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
-    for flag, path in inputs.items():
-        for model_dir in model_dirs or [out]:
-            if Path(path).is_dir() and Path(path).resolve() == Path(model_dir).resolve():
-                raise ConfigError(f"--output_dir {out} would save the trained model into {flag} {path}, "
-                                  "replacing the weights it starts from; pick another --output_dir")
-    created = _make_dirs(out)
-    lock = FolderLock(out)
-    if not lock.acquire():
-        _remove_if_empty(created)
-        raise ConfigError(f"--output_dir {out} is in use by another run (PID {lock.holder()}, holding "
-                          f"{lock.path}); wait for it to end or pick another --output_dir")
-    on_exit(lambda: (lock.release(), _remove_if_empty(created), interrupt_hint(None)))
-    interrupt_hint("resume with --resume")
+    claim_folder(out, "--output_dir", {flag: path for flag, path in inputs.items() if Path(path).is_dir()},
+                 model_dirs=model_dirs or [out])
+    on_exit(lambda: interrupt_hint(None))
     root = out / CHECKPOINTS
     earlier = checkpoints_in(root)
     if earlier and not resume:
@@ -189,38 +190,9 @@ def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
                               "--output_dir")
         shutil.rmtree(root)
         print_rank_0(f"--overwrite_output_dir: deleted the earlier run's checkpoints in {root}")
-    for folder, name in ((out.resolve().parent, out.resolve().name), (out, None), (root, None)):
-        for path in folder.iterdir() if folder.is_dir() else ():
-            match = TEMPORARY.fullmatch(path.name)
-            if match and (name is None or match.group("name") == name):
-                print_rank_0(f"deleting {path}, left by an interrupted save")
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-
-
-def _make_dirs(out):
-    """Create `out` (and missing parents) and check that a file can be written in it; the folders created,
-    deepest first."""
-    missing = [path for path in [out, *out.parents] if not path.exists()]
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        import tempfile
-
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as err:
-        _remove_if_empty(missing)
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"--output_dir {out} is a file, not a folder") from None
-        raise ConfigError(f"--output_dir {out}: cannot write there ({err.strerror or err})") from None
-    return missing
-
-
-def _remove_if_empty(folders):
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
+    if resume and latest_checkpoint(root) is not None:
+        interrupt_hint(RESUME_HINT)
+    delete_leftovers(out, root, say=print_rank_0)
 
 
 # ---- random states, as JSON --------------------------------------------------------------------------------------
@@ -355,7 +327,7 @@ class Checkpointer:
 
     def __init__(self, output_dir, save_steps, save_total_limit, engines, position, weights=None, flags=None):
         self.root = Path(output_dir) / CHECKPOINTS
-        self.flags = flags or {}
+        self.flags = resolved_flags(flags or {})
         self.save_steps, self.save_total_limit = save_steps, save_total_limit
         self.engines, self.position = engines, position
         self.weights = {name: engine for name, engine in (weights or {}).items() if engine is not None}
@@ -389,29 +361,42 @@ class Checkpointer:
             tmp = make_temp_dir_beside(target)
         tmp = Path(_broadcast(str(tmp) if rank == 0 else None))
         try:
-            for name, engine in self.engines.items():
-                engine.save_checkpoint(str(tmp), tag=name, save_latest=False)
-            for name, engine in self.weights.items():
-                _save_weights(engine, tmp / f"{name}.safetensors")
-            _write_json(tmp / f"position_rank{rank}.json",
-                        {"data": self.position.state_dict(), "rng": rng_state()})
-            if rank == 0:
-                micro_steps = {name: engine.micro_steps for name, engine in self.engines.items()}
-                _write_json(tmp / "state.json", {"step": step, "world_size": world_size, "micro_steps": micro_steps,
-                                                 "flags": self.flags, "trainer": state})
-            barrier()
-            if rank == 0:
-                _write_json(tmp / COMPLETE, {"step": step, "files": file_manifest(tmp)})
-                replace_dir(tmp, target)
-                write_file_atomic(self.root / LATEST, lambda f: f.write(target.name + "\n"))
-                self.kept = [path for path in self.kept if path != target] + [target]
-                self._prune()
+            self._write(step, state, tmp, target, rank, world_size)
+        except Exception as err:  # a full disk (torch.save's "unexpected pos", ENOSPC...): the last one is kept
+            last = latest_checkpoint(self.root)
+            kept = (f"the last complete checkpoint, {last}, is kept: free some space and resume with --resume"
+                    if last is not None else "there is no earlier checkpoint: free some space and run again")
+            raise ChatRLHFError(f"could not write the checkpoint {target} ({_one_line(err)}); {kept}") from None
         finally:
             if rank == 0 and tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    self.root.rmdir()  # made for this checkpoint, which failed: the folder as it was
         barrier()
         self.last_step = step
+        interrupt_hint(RESUME_HINT)
         print_rank_0(f"saved checkpoint {target}")
+
+    def _write(self, step, state, tmp, target, rank, world_size):
+        """Write the checkpoint into `tmp` and, on rank 0, move it into place as `target` and point `latest` at
+        it."""
+        for name, engine in self.engines.items():
+            engine.save_checkpoint(str(tmp), tag=name, save_latest=False)
+        for name, engine in self.weights.items():
+            _save_weights(engine, tmp / f"{name}.safetensors")
+        _write_json(tmp / f"position_rank{rank}.json",
+                    {"data": self.position.state_dict(), "rng": rng_state()})
+        if rank == 0:
+            micro_steps = {name: engine.micro_steps for name, engine in self.engines.items()}
+            _write_json(tmp / "state.json", {"step": step, "world_size": world_size, "micro_steps": micro_steps,
+                                             "flags": self.flags, "trainer": state})
+        barrier()
+        if rank == 0:
+            _write_json(tmp / COMPLETE, {"step": step, "files": file_manifest(tmp)})
+            replace_dir(tmp, target)
+            write_file_atomic(self.root / LATEST, lambda f: f.write(target.name + "\n"))
+            self.kept = [path for path in self.kept if path != target] + [target]
+            self._prune()
 
     def resume(self):
         """Load the latest complete checkpoint into the engines, weights and position, and return the trainer's
@@ -435,7 +420,7 @@ class Checkpointer:
         path = Path(path)
         saved = _read_json(path / "state.json")
         rank, world_size = _rank_and_world_size()
-        differences = flag_differences({**saved.get("flags", {}), "processes": saved["world_size"]},
+        differences = flag_differences({**resolved_flags(saved.get("flags", {})), "processes": saved["world_size"]},
                                        {**self.flags, "processes": world_size})
         if differences:
             raise ConfigError(f"--resume: {path} was written with other flags: {'; '.join(differences)}. Resume "
@@ -464,11 +449,31 @@ class Checkpointer:
         self.kept = self.kept[-self.save_total_limit:]
 
 
+def resolved_flags(flags):
+    """`flags` with the local paths of PATH_FLAGS made absolute, symbolic links followed (a name that is no local
+    path, a hub model or data set, `builtin`, stays as it is)."""
+    return {name: _resolved(value) if name in PATH_FLAGS else value for name, value in flags.items()}
+
+
+def _resolved(value):
+    if isinstance(value, list):
+        return [_resolved(item) for item in value]
+    if not isinstance(value, str) or not value:
+        return value
+    path, suffix = value, ""
+    if ":" in value and not os.path.exists(value):  # path/to/file.py:function (a reward function)
+        path, _, function = value.rpartition(":")
+        suffix = f":{function}"
+    if path in KNOWN_NAMES or not os.path.exists(os.path.expanduser(path)):
+        return value
+    return str(Path(os.path.expanduser(path)).resolve()) + suffix
+
+
 def flag_differences(saved, current):
     """`--name <saved> (now <current>)` for each flag both record with different values; a flag only one of them
-    knows (added or removed by another version of the code) is not compared."""
+    knows (added or removed by another version of the code), and NOT_COMPARED, are not compared."""
     differences = []
-    for name in sorted(saved.keys() & current.keys()):
+    for name in sorted((saved.keys() & current.keys()) - set(NOT_COMPARED)):
         if saved[name] != current[name]:
             label = "processes:" if name == "processes" else f"--{name}"
             differences.append(f"{label} {_flag_text(saved[name])} (now {_flag_text(current[name])})")
@@ -528,6 +533,11 @@ def _broadcast(value):
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _one_line(err):
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _write_json(path, value):

@@ -228,3 +228,130 @@ def test_unreadable_training_settings_are_one_config_error(tmp_path):
     (tmp_path / TRAINING_SETTINGS).write_text("[1, 2]")
     with pytest.raises(ConfigError, match="is not a model's training settings"):
         read_training_settings(tmp_path)
+
+
+# --------------------------------------------------------------------------- a save that fails: a full disk
+
+
+def folder_bytes(path):
+    return {file.name: file.read_bytes() for file in sorted(path.iterdir()) if file.is_file()}
+
+
+@pytest.fixture()
+def elsewhere(tmp_path, monkeypatch):
+    """The temporary directory ($TMPDIR), where a model that cannot be saved in its folder is kept."""
+    import tempfile
+
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    return folder
+
+
+def disk_full_but_in(monkeypatch, allowed):
+    """safetensors' writer fails as it does on a full disk, except under `allowed` (None: everywhere)."""
+    from safetensors import SafetensorError
+
+    import transformers.modeling_utils
+
+    real = transformers.modeling_utils.safe_save_file
+
+    def save_file(tensors, filename, *args, **kwargs):
+        if allowed is None or not str(filename).startswith(str(allowed)):
+            raise SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+        return real(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", save_file)
+
+
+def trained_copy(base_dir):
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.5)
+    return model
+
+
+def test_a_save_on_a_full_disk_keeps_the_folder_and_the_trained_weights_elsewhere(
+        base_dir, tiny_tokenizer, tmp_path, elsewhere, monkeypatch):
+    """Before: a SafetensorError traceback and the trained model lost (the temporary folder deleted)."""
+    import shutil
+
+    from utils.runtime.errors import ChatRLHFError
+
+    out = shutil.copytree(base_dir, tmp_path / "out")  # the folder's earlier model
+    before = folder_bytes(out)
+    model = trained_copy(base_dir)
+    disk_full_but_in(monkeypatch, allowed=elsewhere)
+    with pytest.raises(ChatRLHFError) as error:
+        save_hf_model(model, tiny_tokenizer, out)
+    kept = next(elsewhere.iterdir())
+    assert str(error.value) == (
+        f"could not save the trained model in {out} (SafetensorError: Error while serializing: I/O error: No space "
+        f"left on device (os error 28)); it is kept in {kept} instead: move it to {out} once there is room ({out} "
+        "keeps what it held before)")
+    assert kept.name.startswith("chatrlhf-unsaved-out-")
+    assert folder_bytes(out) == before and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    saved = load_file(str(kept / "model.safetensors"))
+    for name, param in model.named_parameters():
+        assert torch.equal(saved[name], param.detach()), name
+
+
+def test_a_save_that_fails_everywhere_says_so_and_keeps_the_folder(base_dir, tiny_tokenizer, tmp_path, elsewhere,
+                                                                   monkeypatch):
+    import shutil
+
+    from utils.runtime.errors import ChatRLHFError
+
+    out = shutil.copytree(base_dir, tmp_path / "out")
+    before = folder_bytes(out)
+    disk_full_but_in(monkeypatch, allowed=None)
+    with pytest.raises(ChatRLHFError, match=f"could not save the trained model in {out} .*, nor in {elsewhere} "
+                                            f".*; {out} keeps what it held before: free some space and run again"):
+        save_hf_model(trained_copy(base_dir), tiny_tokenizer, out)
+    assert folder_bytes(out) == before and list(elsewhere.iterdir()) == []
+
+
+def test_non_finite_weights_are_not_saved(base_dir, tiny_tokenizer, tmp_path):
+    from utils.runtime.errors import ChatRLHFError
+
+    model = trained_copy(base_dir)
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] = float("nan")
+    with pytest.raises(ChatRLHFError, match=r"the trained weights are not finite \(\S+ holds NaN or inf\): not saved"):
+        save_hf_model(model, tiny_tokenizer, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (root may mount one; skipped where mounting is not allowed), unmounted at the end."""
+    import subprocess
+
+    folder = tmp_path / "small_disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_save_on_a_really_full_disk_keeps_the_folder_and_the_weights_elsewhere(
+        base_dir, tiny_tokenizer, small_config, small_disk, elsewhere):
+    """The same on a real file system that fills up: safetensors' own error, the earlier model untouched."""
+    import shutil
+
+    from utils.runtime.errors import ChatRLHFError
+
+    out = shutil.copytree(base_dir, small_disk / "out")  # ~0.2 MB: fits
+    before = folder_bytes(out)
+    config = small_config("llama", vocab_size=len(tiny_tokenizer))
+    config.hidden_size, config.intermediate_size = 256, 512  # ~4 MB of weights: does not
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ChatRLHFError, match=f"could not save the trained model in {out} .*No space left on device.*; "
+                                            f"it is kept in {elsewhere}/chatrlhf-unsaved-out-"):
+        save_hf_model(model, tiny_tokenizer, out)
+    assert folder_bytes(out) == before and sorted(p.name for p in small_disk.iterdir()) == ["out"]
+    assert (next(elsewhere.iterdir()) / "model.safetensors").stat().st_size > 3_000_000

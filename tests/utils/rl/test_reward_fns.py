@@ -133,3 +133,117 @@ def test_reasoning_gym_solved_pays_full_marks_only():
                   lambda: check_reward_fn("reasoning_gym_solved", ["builtin"], "--reward-fn")):
         with pytest.raises(ConfigError, match="reasoning_gym_solved scores the questions of one --data_path"):
             check()
+
+
+def exits(prompts, answers):
+    sys.exit(0)
+
+
+def interrupts_itself(prompts, answers):
+    raise KeyboardInterrupt
+
+
+def generator_exit(prompts, answers):
+    raise GeneratorExit
+
+
+class ExitingNumber:
+    def __float__(self):
+        raise SystemExit(3)
+
+
+@pytest.mark.parametrize("function, message", [
+    # user code can neither end the run as a success (exit code 0, nothing trained) nor pass for a Ctrl-C
+    (exits, "the reward function --reward_fn mine:f raised SystemExit: 0"),
+    (interrupts_itself, "the reward function --reward_fn mine:f raised KeyboardInterrupt"),
+    (generator_exit, "the reward function --reward_fn mine:f raised GeneratorExit"),
+    (lambda p, a: [ExitingNumber(), 1.0], "raised SystemExit: 3"),
+    # iterable, but no list of numbers: "11" would read as two rewards of 1
+    (lambda p, a: "11", "did not return a list of numbers (it returned a str: '11')"),
+    (lambda p, a: b"11", "did not return a list of numbers (it returned a bytes: b'11')"),
+    (lambda p, a: {"a1": 1.0, "a2": 0.0}, "did not return a list of numbers (it returned a dict"),
+    (lambda p, a: ["1", "0"], "did not return a list of numbers (answer 0's value is a str: '1')"),
+    (lambda p, a: [10 ** 400, 1], "answer 0's value 1000000000000000000000000000000000000...: int too large"),
+    # finite as Python floats, infinite in float32, the dtype the rewards are used in
+    (lambda p, a: [0.0, 1e39], "the reward function --reward_fn mine:f returned 1e+39 for answer 1: rewards must be "
+                               "finite numbers in float32"),
+    (lambda p, a: __import__("numpy").full(2, -1e39), "returned -1e+39 for answer 0"),
+])
+def test_what_user_code_raises_or_returns_is_an_error_naming_the_function(function, message):
+    with pytest.raises(ChatRLHFError) as error:
+        call_reward_fn(function, "mine:f", ["p1", "p2"], ["a1", "a2"])
+    assert message in str(error.value)
+
+
+def test_the_largest_float32_reward_is_taken():
+    assert call_reward_fn(lambda p, a: [3.4e38, -3.4e38], "f", ["p", "q"], ["a", "b"]).isfinite().all()
+
+
+def test_a_reward_function_that_never_returns_is_an_error_after_the_timeout(monkeypatch):
+    import threading
+
+    monkeypatch.setenv(reward_fns.TIMEOUT_VARIABLE, "0.2")
+    with pytest.raises(ChatRLHFError, match=r"--reward_fn mine:f did not return within 0\.2 s "
+                                             r"\(CHATRLHF_REWARD_FN_TIMEOUT sets the limit\)"):
+        call_reward_fn(lambda p, a: threading.Event().wait(), "mine:f", ["p"], ["a"])
+
+    def endless(prompts, answers):
+        while True:
+            yield 1.0
+
+    with pytest.raises(ChatRLHFError, match="did not return within 0.2 s"):
+        call_reward_fn(endless, "mine:endless", ["p"], ["a"])
+    # the endless result is no longer drawn: its thread ends instead of spinning on for the rest of the process
+    for _ in range(100):
+        if not any("mine:endless" in thread.name for thread in threading.enumerate()):
+            break
+        threading.Event().wait(0.01)
+    assert not any("mine:endless" in thread.name for thread in threading.enumerate())
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf"])
+def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(value, monkeypatch):
+    monkeypatch.setenv(reward_fns.TIMEOUT_VARIABLE, value)
+    with pytest.raises(ConfigError, match=f"CHATRLHF_REWARD_FN_TIMEOUT must be a positive number of seconds, not "
+                                          f"'{value}'"):
+        call_reward_fn(builtin_reward_fn, "builtin", PROMPTS[:1], [" 19"])
+
+
+def test_a_module_that_exits_or_hangs_at_import_is_one_config_error(tmp_path, monkeypatch):
+    (tmp_path / "exits.py").write_text("raise SystemExit(0)\n")
+    (tmp_path / "hangs.py").write_text("import threading\nthreading.Event().wait()\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"--reward_fn exits.py:f: cannot import exits.py: SystemExit: 0$"):
+        load_reward_fn("exits.py:f")
+    monkeypatch.setenv(reward_fns.TIMEOUT_VARIABLE, "0.2")
+    with pytest.raises(ConfigError, match=r"--reward_fn hangs.py:f: importing hangs.py did not finish within 0\.2 s"):
+        load_reward_fn("hangs.py:f")
+
+
+def test_the_function_runs_in_the_callers_autograd_mode():
+    with torch.no_grad():
+        assert call_reward_fn(lambda p, a: [float(torch.is_grad_enabled())], "f", ["p"], ["a"]).tolist() == [0.0]
+    assert call_reward_fn(lambda p, a: [float(torch.is_grad_enabled())], "f", ["p"], ["a"]).tolist() == [1.0]
+
+
+def test_a_signal_while_the_function_runs_still_interrupts_the_run(capsys):
+    """A real SIGTERM (or Ctrl-C) during a call: the run's `interrupted:` line and exit code, as anywhere else."""
+    import os
+    import signal
+    import time
+
+    from utils.runtime.errors import cli_entry
+
+    def stopped(prompts, answers):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+        return [0.0]
+
+    @cli_entry
+    def main():
+        call_reward_fn(stopped, "mine:f", ["p"], ["a"])
+
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 143
+    assert capsys.readouterr().err.strip() == "interrupted: SIGTERM"

@@ -272,25 +272,92 @@ def test_a_damaged_checkpoint_is_skipped_for_the_newest_good_one_and_none_good_i
 
 
 class FailingEngine:
-    """An engine whose save dies half-way (a full disk, say): it writes part of its folder, then raises."""
+    """An engine whose save dies half-way (a full disk, say): it writes part of its folder, then raises `error`."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, error=None):
         self.engine, self.module, self.micro_steps = engine, engine.module, 0
+        self.error = error or OSError(28, "No space left on device")
 
     def save_checkpoint(self, save_dir, tag, save_latest):
         (Path(save_dir) / tag).mkdir()
         (Path(save_dir) / tag / "half_written.pt").write_bytes(b"\0" * 10)
-        raise OSError("No space left on device")
+        raise self.error
 
 
-def test_a_failed_save_leaves_the_last_checkpoint_the_latest(make_engine, tmp_path):
+# What torch.save raises when the disk fills up under it, and what an OSError of a full disk reads as.
+DISK_FULL = [RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file "
+                          "data/3: file write failed. unexpected pos 1408 vs 1344"),
+             OSError(28, "No space left on device")]
+
+
+@pytest.mark.parametrize("error", DISK_FULL, ids=["torch.save", "ENOSPC"])
+def test_a_failed_save_is_one_error_and_leaves_the_last_checkpoint_the_latest(make_engine, tmp_path, error):
     engine, position = make_engine(), TrainingPosition(make_loader())
-    Checkpointer(tmp_path, 1, 2, {"model": engine}, position).save(1, {})
-    with pytest.raises(OSError, match="No space"):
-        Checkpointer(tmp_path, 1, 2, {"model": FailingEngine(engine)}, position).save(2, {})
     root = tmp_path / "checkpoints"
+    with pytest.raises(ChatRLHFError) as first:
+        Checkpointer(tmp_path, 1, 2, {"model": FailingEngine(engine, error)}, position).save(1, {})
+    assert str(first.value).startswith(f"could not write the checkpoint {root / 'step1'} ({type(error).__name__}: ")
+    assert str(first.value).endswith("there is no earlier checkpoint: free some space and run again")
+    Checkpointer(tmp_path, 1, 2, {"model": engine}, position).save(1, {})
+    with pytest.raises(ChatRLHFError) as second:
+        Checkpointer(tmp_path, 1, 2, {"model": FailingEngine(engine, error)}, position).save(2, {})
+    assert str(second.value).endswith(f"the last complete checkpoint, {root / 'step1'}, is kept: free some space "
+                                      "and resume with --resume")
+    assert "\n" not in str(second.value)
     assert sorted(p.name for p in root.iterdir()) == [LATEST, "step1"]  # no step2, no temporary folder
     assert latest_checkpoint(root) == root / "step1"
+
+
+def test_an_interruption_says_resume_with_resume_only_once_there_is_a_checkpoint(make_engine, tmp_path):
+    """Before: `interrupted: SIGTERM; resume with --resume` from the moment the output folder was claimed, also
+    during start-up, with nothing to resume."""
+    from utils.runtime.errors import _interrupt, interrupt_hint
+
+    interrupt_hint(None)  # an earlier test's save, outside a cli_entry main that would have reset it
+    out = tmp_path / "out"
+    args = Namespace(output_dir=str(out), resume=False, overwrite_output_dir=False)
+    try:
+        claim_output_dir(args)
+        assert _interrupt["hint"] is None
+        Checkpointer(out, 1, 2, {"model": make_engine()}, TrainingPosition(make_loader())).save(1, {})
+        assert _interrupt["hint"] == "resume with --resume"
+    finally:
+        _run_exit_callbacks()
+    assert _interrupt["hint"] is None
+    try:  # a resumed run has something to resume from the start
+        claim_output_dir(Namespace(**{**vars(args), "resume": True}))
+        assert _interrupt["hint"] == "resume with --resume"
+    finally:
+        _run_exit_callbacks()
+
+
+def test_resume_compares_paths_as_the_files_they_name_and_not_the_run_folder(make_engine, tmp_path, monkeypatch):
+    """A run folder moved, copied or reached through a symbolic link resumes, and so does data or a model named by
+    a relative path or a link; another data file is still a difference."""
+    from utils.runtime.args import training_flags
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_text("{}\n")
+    (tmp_path / "other.jsonl").write_text("{}\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model-link").symlink_to(tmp_path / "model")
+    flags = Namespace(output_dir=str(tmp_path / "run"), data_path=["builtin", str(tmp_path / "data" / "pairs.jsonl")],
+                      model_name_or_path=str(tmp_path / "model"), reward_fn=None, seed=1)
+    Checkpointer(tmp_path / "run", 1, 2, {"model": make_engine()}, TrainingPosition(make_loader()),
+                 flags=training_flags(flags, step=1)).save(1, {})
+    (tmp_path / "run").rename(tmp_path / "moved")
+    (tmp_path / "link").symlink_to(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path)
+
+    def resume(**changes):
+        changed = training_flags(Namespace(**{**vars(flags), **changes}), step=1)
+        return Checkpointer(changes["output_dir"], 1, 2, {"model": make_engine()}, TrainingPosition(make_loader()),
+                            flags=changed).resume()
+
+    assert resume(output_dir="link", data_path=["builtin", "data/pairs.jsonl"],
+                  model_name_or_path="model-link")["step"] == 1
+    with pytest.raises(ConfigError, match=r"--data_path builtin \S+/data/pairs.jsonl \(now builtin \S+/other.jsonl\)"):
+        resume(output_dir="moved", data_path=["builtin", "other.jsonl"])
 
 
 def test_non_finite_weights_are_never_checkpointed(make_engine, tmp_path):
@@ -377,7 +444,7 @@ def test_a_signal_during_a_checkpoint_save_lets_it_finish_then_ends_the_run_in_o
     with pytest.raises(SystemExit) as exit_info:
         main()
     assert exit_info.value.code == 143
-    assert capsys.readouterr().err == "interrupted: SIGTERM\n"
+    assert capsys.readouterr().err == "interrupted: SIGTERM; resume with --resume\n"  # the checkpoint it finished
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [LATEST, "step1"]  # finished, and complete
     assert latest_checkpoint(root) == root / "step1" and verify_checkpoint(root / "step1") is None
