@@ -38,6 +38,7 @@ from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, checker_de
                                run_inputs, step_command)
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
+from utils.runtime.paths import FolderLock
 
 DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
 LOG_TAIL_LINES = 20
@@ -236,6 +237,10 @@ def run_stage(args, run):
     print(f"---- step {step} ({run.name}): {run.spec.folder or run.spec.script} -> {out_dir} (log: "
           f"{log_path})", flush=True)
     interrupt_hint(f"step {step} stopped (its log: {log_path}); resume with --resume")
+    lock = FolderLock(out_dir)  # a step running there keeps its log: refuse before opening it
+    if not lock.acquire():
+        raise ConfigError(f"--output-dir {args.output_dir}: {out_dir} is in use by another run (PID {lock.holder()})")
+    lock.release()
     start = time.time()
     offset = log_path.stat().st_size if args.resume and log_path.is_file() else 0  # where this run's lines start
     with open(log_path, "a" if args.resume else "w") as log:  # a resumed step's log continues

@@ -609,3 +609,24 @@ def test_kto_orpo_and_gspo_run_end_to_end_on_the_built_in_task(algorithm, step, 
     evaluation = json.loads((out / "evaluation.json").read_text())
     assert {"all", "add"} <= set(evaluation["finetune"]["sampled"]) and "all" in evaluation["baseline"]["greedy"]
     assert "| after (fine-tuned) | sampled |" in (out / "report.md").read_text()
+
+
+def test_a_second_driver_leaves_a_running_steps_log_alone(tmp_path):
+    """A step folder another run holds (its lock taken): train.py refuses in one line and the log stays whole."""
+    from utils.runtime.paths import FolderLock
+
+    step_dir = tmp_path / "out" / "actor-models" / "tiny"
+    step_dir.mkdir(parents=True)
+    (step_dir / "training.log").write_text("the running step's lines\n")
+    lock = FolderLock(step_dir)
+    assert lock.acquire()
+    try:
+        result = subprocess.run([sys.executable, "train.py", "--step", "1", "--no-eval", "--output-dir",
+                                 str(tmp_path / "out")], cwd=Path(train.__file__).parent, capture_output=True,
+                                text=True, timeout=300)
+    finally:
+        lock.release()
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "is in use by another run" in errors[0], result.stderr[-2000:]
+    assert (step_dir / "training.log").read_text() == "the running step's lines\n"
