@@ -56,6 +56,7 @@ def parse_args(argv=None):
 
 
 def check_kto_args(args):
+    """The weights' range (--beta's is FLAG_RANGES'): finite and positive."""
     for flag in ("desirable_weight", "undesirable_weight"):
         value = getattr(args, flag)
         if not (math.isfinite(value) and value > 0):
