@@ -65,6 +65,22 @@ SAMPLE_PAIRS = ["--model_name_or_path", "{actor}", "--output_dir", "{out}", "--d
 EVAL_OUT = ["--output_json", "{out}/result.json"]
 
 CASES = [
+    Case("kto --beta of zero", "kto", [*STEP2, "--beta", "0"], ("--beta must be positive, not 0.0",)),
+    Case("kto --desirable_weight of zero", "kto", [*STEP2, "--desirable_weight", "0"],
+         ("--desirable_weight must be positive, not 0.0",)),
+    Case("kto label that is not true or false", "kto", [*STEP2, "--data_path", "{tmp}/badlabel.jsonl"],
+         ("{tmp}/badlabel.jsonl: row 1 (line 2): field 'label' must be true (a desirable completion) or false (an "
+          "undesirable one), got 'yes'",)),
+    Case("kto labelled row with a rejected answer too", "kto", [*STEP2, "--data_path", "{tmp}/labelrejected.jsonl"],
+         ("{tmp}/labelrejected.jsonl: row 1 (line 2): field 'rejected' does not go with 'label'",)),
+    Case("kto labelled row with an empty completion", "kto", [*STEP2, "--data_path", "{tmp}/emptycompletion.jsonl"],
+         ("{tmp}/emptycompletion.jsonl: row 1 (line 2): field 'completion' is empty",)),
+    Case("orpo with a reference flag", "dpo", [*STEP2, "--loss_type", "orpo", "--ref_model_name_or_path", "{actor}"],
+         ("--loss_type orpo uses no reference model: drop --ref_model_name_or_path",)),
+    Case("step3 unknown --policy_loss", "step3", [*STEP3, *GRPO, "--reward_fn", "builtin", "--policy_loss",
+                                                  "gspo_token"], ("argument --policy_loss: invalid choice: 'gspo_token'",)),
+    Case("train.py orpo has no step 1", "train.py", ["--algorithm", "orpo", "--step", "1", "--output-dir", "{out}"],
+         ("--step 1: nothing to run for --algorithm orpo",)),
     # step 1: data
     Case("step1 data path that does not exist", "step1", [*STEP1, "--data_path", "{tmp}/nowhere"],
          ("unknown data set '{tmp}/nowhere'",)),
@@ -441,6 +457,11 @@ CASES = [
 
 def write_bad_data(tmp):
     """The data folders and files the cases name, under `tmp`."""
+    kto_row = {"prompt": GOOD_ROW["prompt"], "completion": " 3", "label": True}
+    write_jsonl(tmp / "badlabel.jsonl", [kto_row, dict(kto_row, label="yes")] + [kto_row] * 4)
+    write_jsonl(tmp / "labelrejected.jsonl", [kto_row, dict(kto_row, rejected=" 4")] + [kto_row] * 4)
+    write_jsonl(tmp / "emptycompletion.jsonl", [kto_row, dict(kto_row, completion="")] + [kto_row] * 4)
+    write_jsonl(tmp / "promptsonly.jsonl", [{"prompt": GOOD_ROW["prompt"]}] * 8)
     for split in ("train", "eval"):
         write_jsonl(tmp / "good" / f"{split}.json", [GOOD_ROW] * 8)
         write_jsonl(tmp / "nofield" / f"{split}.json", [GOOD_ROW, {"prompt": " Human: x Assistant:", "rejected": " y"}])
@@ -537,11 +558,12 @@ def in_process_mains():
     from training.step1_supervised_finetuning import main as step1
     from training.step1_supervised_finetuning import prompt_eval
     from training.step2_dpo_finetuning import main as dpo
+    from training.step2_kto_finetuning import main as kto
     from training.step2_reward_model_finetuning import main as step2
     from training.step2_reward_model_finetuning import rw_eval
     from training.step3_rlhf_finetuning import main as step3
 
-    return {"step1": step1.main, "step2": step2.main, "dpo": dpo.main, "step3": step3.main, "chat": chatbot.main,
+    return {"step1": step1.main, "step2": step2.main, "dpo": dpo.main, "kto": kto.main, "step3": step3.main, "chat": chatbot.main,
             "prompt_eval": prompt_eval.main, "rw_eval": rw_eval.main, "sample_pairs": sample_pairs.main}
 
 
