@@ -66,9 +66,12 @@ def main(argv=None):
                      model_dirs=[f"{args.output_dir}/{name}" for name in ("actor", "critic", "actor_ema")])
     reward_fn = load_reward_fn(args.reward_fn, args) if args.reward_fn else None
     tokenizer = load_tokenizer(actor_path, args.trust_remote_code)
-    prompt_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3,
-                                                         args.seed, tokenizer, data_bound(args.max_prompt_seq_len))
-    fit_auto_lengths(args, args.data_path, tokenizer, prompt_dataset, eval_dataset)
+    def build(max_prompt_len):
+        return create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3, args.seed, tokenizer,
+                                     max_prompt_len)
+
+    prompt_dataset, eval_dataset = build(data_bound(args.max_prompt_seq_len))
+    fit_auto_lengths(args, args.data_path, tokenizer, prompt_dataset, eval_dataset, rebuild=build)
     eval_prompts, eval_checker = heldout_prompts(args, eval_dataset) if args.eval_interval else ([], None)
     # Every round has a whole generation batch (a short last one would not split into training minibatches).
     prompt_loader = make_dataloader(prompt_dataset, DataCollatorRLHF(tokenizer.pad_token_id),

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.data.prompting import encode_prompt_text, model_answer, model_prompt
+from utils.data.prompting import encode_prompt_text, model_answer, model_prompt, shorter_prompts
 from utils.data.raw_datasets import HUB_DATASETS, Builtin, LocalJsonFile, RawDataset, builtin_data_dir
 from utils.data.reasoning_gym_data import ReasoningGym
 from utils.runtime.args import AUTO, is_auto
@@ -115,7 +115,7 @@ class SampleCounter:
     `length_warning`."""
 
     def __init__(self, what):
-        self.what, self.kept, self.skipped = what, 0, {}
+        self.what, self.kept, self.skipped, self.trimmed = what, 0, {}, 0
         self.needed, self.too_long, self.limit = [], 0, None
 
     def skip(self, reason):
@@ -132,7 +132,8 @@ class SampleCounter:
 
     def summary(self):
         skipped = ", ".join(f"{count} {reason}" for reason, count in sorted(self.skipped.items()))
-        return f"{self.what}: {self.kept} samples" + (f" (skipped: {skipped})" if skipped else "")
+        trimmed = f", {self.trimmed} of them with earlier turns dropped to fit" if self.trimmed else ""
+        return f"{self.what}: {self.kept} samples{trimmed}" + (f" (skipped: {skipped})" if skipped else "")
 
     def length_warning(self):
         """One line when the length limit dropped more than a tenth of the rows it checked (None otherwise): the
@@ -147,8 +148,10 @@ class SampleCounter:
                 f"({self.too_long / rows:.0%}); {flag} {keep_95} would keep 95% of them whole")
 
     def counts(self):
-        """{"read": rows, "kept": samples, "skipped": {reason: rows}}: every row read is kept or skipped."""
-        return {"read": self.kept + sum(self.skipped.values()), "kept": self.kept, "skipped": dict(self.skipped)}
+        """{"read": rows, "kept": samples, "skipped": {reason: rows}}, and "trimmed": the kept samples whose prompt
+        lost its earlier turns (fit_prompt) where there are any: every row read is kept or skipped."""
+        counts = {"read": self.kept + sum(self.skipped.values()), "kept": self.kept, "skipped": dict(self.skipped)}
+        return {**counts, "trimmed": self.trimmed} if self.trimmed else counts
 
     def report(self):
         """The summary line, then the length warning on a line of its own if there is one."""
@@ -156,66 +159,86 @@ class SampleCounter:
         return self.summary() + (f"\n{warning}" if warning else "")
 
 
+def fit_prompt(tokenizer, prompt, answer_tokens, flag, limit, counter):
+    """(prompt text, prompt ids) that leave room for `answer_tokens` more within `limit` (None: no bound): the whole
+    prompt, else the prompt with its earliest exchanges dropped until it fits (shorter_prompts; counted as
+    trimmed), else None: a dialogue's older turns are the context a length limit gives up first, never an answer.
+    The row's whole length is measured against `flag` for the length warning."""
+    prompt_ids = tokenize_prompt(tokenizer, prompt)
+    counter.measure(len(prompt_ids) + answer_tokens, flag, limit)
+    if limit is None or len(prompt_ids) + answer_tokens <= limit:
+        return prompt, prompt_ids
+    for shorter in shorter_prompts(prompt):
+        prompt_ids = tokenize_prompt(tokenizer, shorter)
+        if len(prompt_ids) + answer_tokens <= limit:
+            counter.trimmed += 1
+            return shorter, prompt_ids
+    return None
+
+
 def sft_sample(tokenizer, prompt, chosen, max_seq_len, counter):
     """Prompt + chosen answer + EOS; labels are -100 on the prompt. A sample longer than max_seq_len (None: no
-    bound) is skipped, not cut: an answer cut before its EOS would teach the model never to stop."""
-    prompt_ids = tokenize_prompt(tokenizer, prompt)
-    input_ids = prompt_ids + tokenize_answer(tokenizer, chosen)
-    counter.measure(len(input_ids), "--max_seq_len", max_seq_len)
-    if max_seq_len is not None and len(input_ids) > max_seq_len:
+    bound) loses its prompt's earlier turns (fit_prompt), else is skipped, never cut: an answer cut before its EOS
+    would teach the model never to stop."""
+    answer_ids = tokenize_answer(tokenizer, chosen)
+    fitted = fit_prompt(tokenizer, prompt, len(answer_ids), "--max_seq_len", max_seq_len, counter)
+    if fitted is None:
         counter.skip_too_long("longer than --max_seq_len with its EOS")
         return None
+    prompt_ids = fitted[1]
     counter.kept += 1
-    return {"input_ids": input_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + input_ids[len(prompt_ids):]}
+    return {"input_ids": prompt_ids + answer_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + answer_ids}
 
 
 def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
     """Prompt + chosen + EOS and prompt + rejected + EOS, and the prompt's length (the answers start there). A
-    pair that does not fit whole in max_seq_len is skipped (truncation could cut away the very difference being
-    ranked), and so is a pair whose two answers are identical (it carries no preference)."""
+    pair that does not fit whole in max_seq_len loses its prompt's earlier turns (fit_prompt), else is skipped
+    (truncating an answer could cut away the very difference being ranked), and so is a pair whose two answers
+    are identical (it carries no preference)."""
     if chosen == rejected:
         counter.skip("identical chosen and rejected")
         return None
-    prompt_ids = tokenize_prompt(tokenizer, prompt)
-    chosen_ids = prompt_ids + tokenize_answer(tokenizer, chosen)
-    rejected_ids = prompt_ids + tokenize_answer(tokenizer, rejected)
-    counter.measure(max(len(chosen_ids), len(rejected_ids)), "--max_seq_len", max_seq_len)
-    if max_seq_len is not None and max(len(chosen_ids), len(rejected_ids)) > max_seq_len:
+    chosen_ids, rejected_ids = tokenize_answer(tokenizer, chosen), tokenize_answer(tokenizer, rejected)
+    fitted = fit_prompt(tokenizer, prompt, max(len(chosen_ids), len(rejected_ids)), "--max_seq_len", max_seq_len,
+                        counter)
+    if fitted is None:
         counter.skip_too_long("longer than --max_seq_len")
         return None
+    prompt_ids = fitted[1]
     counter.kept += 1
-    return {"chosen_ids": chosen_ids, "rejected_ids": rejected_ids, "prompt_len": len(prompt_ids)}
+    return {"chosen_ids": prompt_ids + chosen_ids, "rejected_ids": prompt_ids + rejected_ids,
+            "prompt_len": len(prompt_ids)}
 
 
 def feedback_samples(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
     """KTO's unpaired feedback from one row: prompt + answer + EOS, the prompt's length and whether the answer is
     `desirable`, for its chosen answer (desirable) and its rejected one (undesirable), whichever it has: a pair
-    gives one of each and counts as two rows. An answer that does not fit whole in max_seq_len is skipped."""
+    gives one of each and counts as two rows. An answer that does not fit whole in max_seq_len (with the prompt's
+    earlier turns dropped: fit_prompt) is skipped."""
     samples = []
-    prompt_ids = tokenize_prompt(tokenizer, prompt)
     for answer, desirable in ((chosen, True), (rejected, False)):
         if answer is None:
             continue
-        input_ids = prompt_ids + tokenize_answer(tokenizer, answer)
-        counter.measure(len(input_ids), "--max_seq_len", max_seq_len)
-        if max_seq_len is not None and len(input_ids) > max_seq_len:
+        answer_ids = tokenize_answer(tokenizer, answer)
+        fitted = fit_prompt(tokenizer, prompt, len(answer_ids), "--max_seq_len", max_seq_len, counter)
+        if fitted is None:
             counter.skip_too_long("longer than --max_seq_len with its EOS")
             continue
+        prompt_ids = fitted[1]
         counter.kept += 1
-        samples.append({"input_ids": input_ids, "prompt_len": len(prompt_ids), "desirable": desirable})
+        samples.append({"input_ids": prompt_ids + answer_ids, "prompt_len": len(prompt_ids), "desirable": desirable})
     return samples
 
 
 def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
     """Prompt token ids for PPO rollouts, and the prompt's text (for reward functions and evaluation); a prompt
-    longer than max_prompt_len (None: no bound) is skipped, not cut."""
-    prompt_ids = tokenize_prompt(tokenizer, prompt)
-    counter.measure(len(prompt_ids), "--max_prompt_seq_len", max_prompt_len)
-    if max_prompt_len is not None and len(prompt_ids) > max_prompt_len:
+    longer than max_prompt_len (None: no bound) loses its earlier turns (fit_prompt), else is skipped, not cut."""
+    fitted = fit_prompt(tokenizer, prompt, 0, "--max_prompt_seq_len", max_prompt_len, counter)
+    if fitted is None:
         counter.skip_too_long("longer than --max_prompt_seq_len")
         return None
     counter.kept += 1
-    return {"prompt_ids": prompt_ids, "prompt": prompt}
+    return {"prompt_ids": fitted[1], "prompt": fitted[0]}
 
 
 def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpaired=False):
@@ -334,13 +357,15 @@ def _reference_answer(raw, row):
 LENGTH_FLAGS = ("max_seq_len", "max_prompt_seq_len", "max_answer_seq_len", "max_new_tokens")
 
 
-def fit_auto_lengths(args, data_paths, tokenizer, *datasets):
+def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
     """Set each length flag of `args` given as `auto` (`auto:max`, `auto:P`: auto_percentile) to the data's own
     length, at most auto_length_cap(tokenizer):
 
         --max_seq_len, --max_prompt_seq_len      the percentile of the sample lengths of `datasets` (built with no
-                                                 bound: data_bound); the samples longer than it are dropped from
-                                                 `datasets` (and from their `counts`), and the drop is said
+                                                 bound: data_bound); then `rebuild(length)` builds them again
+                                                 within it (a dialogue's earlier turns dropped to fit: fit_prompt),
+                                                 its samples and counts replacing theirs; without `rebuild`, the
+                                                 longer samples are dropped, and the drop is said
         --max_answer_seq_len, --max_new_tokens   ANSWER_ROOM x the percentile of the reference answers' lengths
                                                  of `data_paths`
 
@@ -372,7 +397,11 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets):
     if fitted:
         print_rank_0("lengths from the data: " + ", ".join(fitted))
     for value, flag in bounds:
-        drop_longer(datasets, value, flag)
+        if rebuild is None:
+            drop_longer(datasets, value, flag)
+            continue
+        for dataset, rebuilt in zip(datasets, rebuild(value)):
+            dataset.samples, dataset.counts = rebuilt.samples, rebuilt.counts
 
 
 def drop_longer(datasets, limit, flag):
@@ -400,12 +429,15 @@ def drop_longer(datasets, limit, flag):
 
 def data_metrics(counts):
     """A step's data counts (a ListDataset's `counts`) for its metrics.json: {"<split>_rows_read": n,
-    "<split>_rows_kept": n, ..., "rows_skipped": {"<split>": {reason: n}}}; {} for None."""
+    "<split>_rows_kept": n, "<split>_rows_trimmed": n (kept with earlier turns dropped; only where some were), ...,
+    "rows_skipped": {"<split>": {reason: n}}}; {} for None."""
     if not counts:
         return {}
     metrics = {}
     for split, split_counts in counts.items():
         metrics.update({f"{split}_rows_read": split_counts["read"], f"{split}_rows_kept": split_counts["kept"]})
+        if split_counts.get("trimmed"):
+            metrics[f"{split}_rows_trimmed"] = split_counts["trimmed"]
     return {**metrics, "rows_skipped": {split: dict(split_counts["skipped"]) for split, split_counts in counts.items()}}
 
 

@@ -68,6 +68,13 @@ def dialogue_text(turns):
     return "".join(parts)
 
 
+def shorter_prompts(prompt):
+    """The prompt with its earliest exchanges dropped, one more each time, down to its last user turn alone, in
+    DeepSpeed-Chat's text form: the context a length limit gives up first (TRL's `keep_end`, by whole turns)."""
+    turns = parse_dialogue(prompt)
+    return [dialogue_text(turns[first:]) for first in range(1, len(turns))]
+
+
 def model_prompt(tokenizer, prompt):
     """A data-set prompt in the model's format."""
     return format_turns(tokenizer, parse_dialogue(prompt)) if has_chat_template(tokenizer) else prompt

@@ -20,14 +20,16 @@ def step_data(args, phase, inputs, unpaired=False):
     """(tokenizer, train_dataset, eval_dataset) of a step: --output_dir claimed for this run (`inputs`: {flag:
     folder} of the models it reads; the tokenizer is --model_name_or_path's), and phase `phase` of --data_split
     tokenized within --max_seq_len (`auto`: a percentile of the sample lengths, measured once the data is built
-    unbounded, the longer samples then dropped); `unpaired`: as KTO's labelled answers. The datasets carry their
+    unbounded, then built again within it); `unpaired`: as KTO's labelled answers. The datasets carry their
     rows read and kept (`counts`)."""
     claim_output_dir(args, inputs=inputs)
     tokenizer = load_tokenizer(inputs["--model_name_or_path"], args.trust_remote_code)
-    train_dataset, eval_dataset = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path,
-                                                        phase, args.seed, tokenizer, data_bound(args.max_seq_len),
-                                                        unpaired=unpaired)
-    fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset)
+    def build(max_seq_len):
+        return create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, phase, args.seed,
+                                     tokenizer, max_seq_len, unpaired=unpaired)
+
+    train_dataset, eval_dataset = build(data_bound(args.max_seq_len))
+    fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset, rebuild=build)
     return tokenizer, train_dataset, eval_dataset
 
 

@@ -45,10 +45,12 @@ def _sized(value, metrics, unit):
 
 def data_rows(label, metrics, steps="optimizer steps"):
     """A step's counts (utils/trainer/loop.py run_counts; step 3 writes the same): the rows each split kept of
-    those it read, and the `steps` it trained when --num_train_epochs gave fewer than --max_steps asked."""
+    those it read (and how many of them lost earlier turns to fit), and the `steps` it trained when --num_train_epochs gave fewer than --max_steps asked."""
     rows = []
     if "train_rows_kept" in metrics:
         kept = [f"{metrics[f'{split}_rows_kept']} of {metrics[f'{split}_rows_read']}"
+                + (f" ({metrics[f'{split}_rows_trimmed']} with earlier turns dropped)"
+                   if f"{split}_rows_trimmed" in metrics else "")
                 if f"{split}_rows_kept" in metrics else "-" for split in ("train", "eval")]
         rows.append((label, "rows kept (train / eval)", " / ".join(kept)))
     if metrics.get("steps_asked", 0) > metrics.get("total_steps", float("inf")):

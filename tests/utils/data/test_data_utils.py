@@ -272,6 +272,43 @@ def test_an_sft_sample_that_would_lose_its_eos_is_dropped_not_cut(tiny_tokenizer
     assert "3 longer than --max_seq_len with its EOS" in counter.summary()
 
 
+DIALOGUE = " Human: Hi there, can you help me plan a trip? Assistant: Sure, where to? Human: To the mountains " \
+           "for a week. Assistant: Pack layers. Human: What shoes? Assistant:"
+
+
+def test_a_dialogue_too_long_loses_its_earliest_turns_not_its_answer(tiny_tokenizer):
+    tok, answer = tiny_tokenizer, " Good walking shoes."
+    last_turn = " Human: What shoes? Assistant:"
+    whole = len(tok(DIALOGUE)["input_ids"]) + len(ids(tok, answer)) + 1
+    fits_last = len(tok(last_turn)["input_ids"]) + len(ids(tok, answer)) + 1
+    counter = SampleCounter("sft")
+    assert len(sft_sample(tok, DIALOGUE, answer, whole, counter)["input_ids"]) == whole  # fits: unchanged
+    trimmed = sft_sample(tok, DIALOGUE, answer, whole - 1, counter)
+    text = decode(tok, trimmed["input_ids"])
+    assert len(trimmed["input_ids"]) < whole and text.endswith("Human: What shoes? Assistant: Good walking shoes.")
+    assert "Hi there" not in text and trimmed["labels"][-1] == tok.eos_token_id
+    only_last = sft_sample(tok, DIALOGUE, answer, fits_last, counter)
+    assert decode(tok, only_last["input_ids"]).startswith(last_turn)
+    assert sft_sample(tok, DIALOGUE, answer, fits_last - 1, counter) is None  # not even the last turn fits
+    assert counter.counts() == {"read": 4, "kept": 3, "trimmed": 2,
+                                "skipped": {"longer than --max_seq_len with its EOS": 1}}
+    assert "2 of them with earlier turns dropped to fit" in counter.summary()
+
+
+def test_a_pair_and_a_prompt_keep_their_last_turns_within_the_limit(tiny_tokenizer):
+    tok = tiny_tokenizer
+    counter = SampleCounter("pairs")
+    whole = len(tok(DIALOGUE)["input_ids"]) + len(ids(tok, " Boots, surely.")) + 1
+    pair = pair_sample(tok, DIALOGUE, " Boots, surely.", " No.", whole - 1, counter)
+    assert len(pair["chosen_ids"]) <= whole - 1 and pair["chosen_ids"][:pair["prompt_len"]] == \
+        pair["rejected_ids"][:pair["prompt_len"]]
+    assert decode(tok, pair["chosen_ids"][pair["prompt_len"]:]).startswith(" Boots, surely.")
+    prompt = prompt_sample(tok, DIALOGUE, len(tok(DIALOGUE)["input_ids"]) - 1, counter)
+    assert prompt["prompt"].endswith("Human: What shoes? Assistant:") and "Hi there" not in prompt["prompt"]
+    assert prompt["prompt_ids"] == tok(prompt["prompt"])["input_ids"]
+    assert counter.trimmed == 2
+
+
 def test_sft_samples_of_a_dataset_label_answers_only(tmp_path, data_dir, tiny_tokenizer):
     train, _ = create_prompt_dataset([str(data_dir)], "1,0,0", str(tmp_path), 1, 1, tiny_tokenizer, 128)
     assert len(train) == 20
@@ -480,6 +517,31 @@ def test_auto_is_the_95th_percentile_and_drops_and_counts_the_longer_rows(tmp_pa
     assert (metrics["train_rows_kept"], metrics["eval_rows_kept"]) == (len(train), len(evaluation))
     assert metrics["rows_skipped"] == {"train": {"longer than --max_seq_len auto": 4},
                                        "eval": {"longer than --max_seq_len auto": 1}}
+
+
+def test_auto_with_a_rebuild_keeps_long_dialogues_by_their_last_turns(tmp_path, tiny_tokenizer):
+    from argparse import Namespace
+
+    from utils.data.data_utils import data_bound, data_metrics, fit_auto_lengths, sample_length
+
+    data = tmp_path / "data"
+    data.mkdir()
+    short = [{"prompt": f" Human: Say {i}. Assistant:", "chosen": f" {i}"} for i in range(18)]
+    long = [{"prompt": " Human: Tell me a long story about mountains and rivers. Assistant: Once upon a time "
+             f"there was a river. Human: Say {i}. Assistant:", "chosen": f" {i}"} for i in range(2)]
+    write_jsonl(data / "train.json", short + long)
+    write_jsonl(data / "eval.json", short[:5])
+
+    def build(limit):
+        return create_prompt_dataset([str(data)], "1,0,0", str(tmp_path / "cache"), 1, 1, tiny_tokenizer, limit)
+
+    train, evaluation = build(data_bound("auto:80"))
+    args = Namespace(seed=1, max_seq_len="auto:80")
+    fit_auto_lengths(args, [str(data)], tiny_tokenizer, train, evaluation, rebuild=build)
+    assert len(train) == 20 and all(sample_length(sample) <= args.max_seq_len for sample in train)
+    assert data_metrics(train.counts)["train_rows_trimmed"] == 2  # the two dialogues, by their last turn
+    texts = [decode(tiny_tokenizer, sample["input_ids"]) for sample in train]
+    assert sum(text.startswith(" Human: Say") for text in texts) == 20 and not any("river" in text for text in texts)
 
 
 def test_auto_percentiles_and_the_cap(tmp_path, tiny_tokenizer, capsys, monkeypatch):

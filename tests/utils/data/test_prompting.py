@@ -4,7 +4,8 @@ import copy
 import pytest
 
 from utils.data.data_utils import tokenize_answer, tokenize_prompt
-from utils.data.prompting import encode_prompt_text, format_turns, model_answer, model_prompt, parse_dialogue
+from utils.data.prompting import (encode_prompt_text, format_turns, model_answer, model_prompt, parse_dialogue,
+                                  shorter_prompts)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -61,3 +62,9 @@ def test_an_empty_assistant_turn_in_the_middle_is_formatted_for_a_chat_template_
 def test_format_turns_refuses_a_finished_conversation(tiny_tokenizer):
     with pytest.raises(ValueError):
         format_turns(tiny_tokenizer, [("q", "a")])
+
+
+def test_shorter_prompts_drop_the_earliest_exchanges_first():
+    prompt = " Human: a Assistant: b Human: c Assistant: d Human: e Assistant:"
+    assert shorter_prompts(prompt) == [" Human: c Assistant: d Human: e Assistant:", " Human: e Assistant:"]
+    assert shorter_prompts(" Human: only one Assistant:") == []
