@@ -111,16 +111,32 @@ DATA_RECIPES = {
                  "--eval_interval", "10", "--eval_prompts", "50"],
         "eval": ["--num_prompts", "100", "--samples_per_prompt", "4", "--max_new_tokens", "auto"],
     },
+    # SmolLM2 on the user's own data (dialogues, hub data sets): every length from the data (its 95th percentile; a
+    # dialogue's earlier turns give way first), at most 256 tokens, the bound of a step's time on a 2-core CPU;
+    # epochs enough that the recipe's step counts are the bound (each step's log warns where an epoch caps them).
+    ("smollm2-135m", "user"): {
+        **dict.fromkeys((1, 2, "dpo"), ["--max_seq_len", "auto", "--max_auto_len", "256", "--num_train_epochs", "100"]),
+        3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto", "--max_auto_len", "256",
+            "--num_train_epochs", "100"],
+    },
+    # The tiny model on the user's own data: lengths from the data (its recipe's 64 suits the built-in task only).
+    ("tiny", "user"): {
+        **dict.fromkeys((1, 2, "dpo", "kto", "orpo"), ["--max_seq_len", "auto"]),
+        3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto"],
+    },
 }
 """Flags for (model family, data kind), after the model's recipe: data kinds are those of `data_kind`."""
 
 
 def data_kind(data_paths):
-    """The kind of data a run trains on, for DATA_RECIPES: "reasoning_gym" when every data path is a reasoning-gym
-    spec, else None."""
-    if data_paths and all(path.startswith("reasoning_gym:") for path in data_paths):
+    """The kind of data a run trains on, for DATA_RECIPES: None for the built-in task (the recipes' own, also when
+    no data path is given), "reasoning_gym" when every data path is a reasoning-gym spec, else "user" (the user's
+    files, hub data sets, mixes)."""
+    if not data_paths or list(data_paths) == ["builtin"]:
+        return None
+    if all(path.startswith("reasoning_gym:") for path in data_paths):
         return "reasoning_gym"
-    return None
+    return "user"
 
 
 def recipe_flags(model, step, data_paths=None):

@@ -47,7 +47,7 @@ def test_only_the_smollm2_evaluation_is_capped():
 @pytest.mark.parametrize("model, kind", sorted(DATA_RECIPES))
 @pytest.mark.parametrize("step", [1, 2, "dpo", 3, "eval"])
 def test_every_data_recipe_parses_after_its_models(model, kind, step):
-    data = {"reasoning_gym": ["reasoning_gym:chain_sum"]}[kind]
+    data = {"reasoning_gym": ["reasoning_gym:chain_sum"], "user": ["/data/dialogues"]}[kind]
     flags = recipe_flags(model, step, data)
     assert flags[:len(recipe_flags(model, step))] == recipe_flags(model, step)  # the model's first, so these win
     step_parser(step)(REQUIRED[step] + flags)
@@ -56,9 +56,16 @@ def test_every_data_recipe_parses_after_its_models(model, kind, step):
 def test_the_data_recipe_is_the_one_of_the_runs_data():
     rg = ["reasoning_gym:chain_sum?max_digits=1", "reasoning_gym:gcd"]
     assert data_kind(rg) == "reasoning_gym"
-    assert data_kind(None) is data_kind(["builtin"]) is data_kind(rg + ["builtin"]) is None
+    assert data_kind(None) is data_kind([]) is data_kind(["builtin"]) is None
+    assert data_kind(rg + ["builtin"]) == data_kind(["/data/hh"]) == data_kind(["Dahoas/rm-static"]) == "user"
     assert len(recipe_flags("smollm2-135m", 1, rg)) > len(recipe_flags("smollm2-135m", 1, ["builtin"]))
-    assert recipe_flags("tiny", 1, rg) == recipe_flags("tiny", 1)  # no data recipe for the tiny model
+    assert recipe_flags("tiny", 1, rg) == recipe_flags("tiny", 1)  # no reasoning-gym recipe for the tiny model
+    # the user's own data: every length from the data, whatever the model
+    for model in ("tiny", "smollm2-135m"):
+        args = step_parser(1)(REQUIRED[1] + recipe_flags(model, 1, ["/data/hh"]))
+        assert args.max_seq_len == "auto"
+        args = step_parser(3)(REQUIRED[3] + recipe_flags(model, 3, ["/data/hh"]))
+        assert args.max_prompt_seq_len == args.max_answer_seq_len == "auto"
     # train.py's critic-free stage on reasoning-gym data: lengths from the data, the verifier's held-out curve.
     flags = recipe_flags("smollm2-135m", 3, rg) + recipe_flags("smollm2-135m", "grpo", rg)
     args = step_parser(3)(["--actor_model_name_or_path", "a", "--output_dir", "out", "--advantage_estimator", "grpo",

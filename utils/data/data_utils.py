@@ -359,7 +359,7 @@ LENGTH_FLAGS = ("max_seq_len", "max_prompt_seq_len", "max_answer_seq_len", "max_
 
 def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
     """Set each length flag of `args` given as `auto` (`auto:max`, `auto:P`: auto_percentile) to the data's own
-    length, at most auto_length_cap(tokenizer):
+    length, at most auto_length_cap(tokenizer) and --max_auto_len:
 
         --max_seq_len, --max_prompt_seq_len      the percentile of the sample lengths of `datasets` (built with no
                                                  bound: data_bound); then `rebuild(length)` builds them again
@@ -370,7 +370,7 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
                                                  of `data_paths`
 
     Data without reference answers gets UNMEASURED_ANSWER_TOKENS for an answer length, and says so."""
-    cap = auto_length_cap(tokenizer)
+    cap = min(auto_length_cap(tokenizer), getattr(args, "max_auto_len", None) or math.inf)
     fitted, bounds = [], []
     for name in LENGTH_FLAGS:
         percentile = auto_percentile(getattr(args, name, None))

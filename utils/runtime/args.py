@@ -40,6 +40,9 @@ def add_data_args(parser, default_max_seq_len=256, data_path_nargs="*"):
                        help="Where the shuffled split indices are cached (a local, non-shared folder).")
     if default_max_seq_len is not None:  # step 3 has --max_prompt_seq_len and --max_answer_seq_len instead
         add_max_seq_len_arg(group, default_max_seq_len)
+    group.add_argument("--max_auto_len", type=int, default=None,
+                       help="The most tokens a length flag's auto may take: a bound of memory and time (default: "
+                            "the model's context as its tokenizer states it).")
     return group
 
 
@@ -383,7 +386,7 @@ FLAG_RANGES = {
                      "per_device_generation_batch_size", "per_device_training_batch_size", "generation_batches",
                      "ppo_epochs", "num_samples_per_prompt", "eval_prompts", "save_total_limit", "batch_size",
                      "max_new_tokens", "num_prompts", "max_prompts", "samples_per_prompt", "inference_tp_size",
-                     "tp_gather_partition_size"), ("at least 1", lambda value: value >= 1)),
+                     "tp_gather_partition_size", "max_auto_len"), ("at least 1", lambda value: value >= 1)),
     **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps",
                      "save_steps", "num_show", "num_examples", "lora_dim", "actor_lora_dim", "critic_lora_dim",
                      "num_padding_at_beginning"), ("at least 0", _non_negative)),

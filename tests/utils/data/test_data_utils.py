@@ -559,17 +559,20 @@ def test_auto_percentiles_and_the_cap(tmp_path, tiny_tokenizer, capsys, monkeypa
     assert percentile_length([7], 1) == 7 and percentile_length([], 95) == 0
     data = long_tailed_data(tmp_path / "data")
 
-    def fitted(spec):
+    def fitted(spec, max_auto_len=None):
         train, evaluation = create_prompt_dataset([str(data)], "1,0,0", str(tmp_path / "cache"), 1, 1,
                                                   tiny_tokenizer, data_bound(spec))
         lengths = [sample_length(s) for s in [*train, *evaluation]]
-        args = Namespace(seed=1, max_seq_len=spec)
+        args = Namespace(seed=1, max_seq_len=spec, max_auto_len=max_auto_len)
         fit_auto_lengths(args, [str(data)], tiny_tokenizer, train, evaluation)
         return args.max_seq_len, lengths, len(train) + len(evaluation)
 
     value, lengths, kept = fitted("auto:50")
     assert value == percentile_length(lengths, 50) and kept == sum(length <= value for length in lengths) >= 50
     assert fitted("auto:max")[::2] == (max(lengths), 100)
+    # --max_auto_len: a bound of memory and time below the model's context
+    value, lengths, kept = fitted("auto:max", max_auto_len=max(lengths) - 1)
+    assert value == max(lengths) - 1 and kept == sum(length < max(lengths) for length in lengths) < 100
     # the cap: the context the tokenizer states (the tiny model's 512), else AUTO_LENGTH_CAP
     assert auto_length_cap(tiny_tokenizer) == 512
     monkeypatch.setattr(tiny_tokenizer, "model_max_length", int(1e30))  # Hugging Face's "unknown"
