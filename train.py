@@ -197,6 +197,9 @@ def check_args(args):
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
     if args.pair_judge and not any(STAGES[name].step == 2 for name in stages):
         raise ConfigError(f"--pair-judge makes step 2's pairs, but --algorithm {args.algorithm} has no step 2")
+    if args.pair_judge and "sft" not in ALGORITHMS[args.algorithm].stages:
+        raise ConfigError(f"--pair-judge judges the step-1 actor's answers, but --algorithm {args.algorithm} has no "
+                          "step 1")
     if args.pair_rounds < 1:
         raise ConfigError(f"--pair-rounds must be at least 1, not {args.pair_rounds}")
     if args.pair_rounds > 1 and not (args.pair_judge and any(STAGES[name].repeats for name in stages)):

@@ -23,7 +23,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from the clone: chatrlhf installs no packages
 import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
 # isort: split
-import math
 
 import torch
 
@@ -33,7 +32,7 @@ from utils.rl.kto import kto_kl_estimate, kto_loss
 from utils.rl.tokens import sequence_logprobs
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import all_reduce_mean, print_rank_0
-from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.errors import cli_entry
 from utils.trainer.engine import start_run, train_ds_config_from_args
 from utils.trainer.frozen import add_beta_arg, add_reference_args, load_reference, resolve_reference_path
 from utils.trainer.loop import LoopState, evaluate_mean, make_loaders, save_run, step_data, step_engine, train_loop
@@ -52,15 +51,7 @@ def parse_args(argv=None):
                           "their number / (lambda_U x the undesirable ones') in [1, 4/3]; default %(default)s.")
     kto.add_argument("--undesirable_weight", type=float, default=1.0,
                      help="lambda_U, the weight of the undesirable answers' losses (> 0); default %(default)s.")
-    return parse_step_args(parser, argv, check=check_kto_args)
-
-
-def check_kto_args(args):
-    """The weights' range (--beta's is FLAG_RANGES'): finite and positive."""
-    for flag in ("desirable_weight", "undesirable_weight"):
-        value = getattr(args, flag)
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"--{flag} must be positive, not {value}")
+    return parse_step_args(parser, argv)
 
 
 # ---- log-probs and the loss ----------------------------------------------------------------------------------------
