@@ -11,7 +11,7 @@ They are exactly the text to concatenate: `prompt + chosen` is the full SFT text
 `prompt + rejected` the rejected conversation. Nothing (no space, no EOS) is inserted
 between or after them here; the tokenizing code appends the end-of-text token.
 
-Names understood by `get_raw_dataset(name, seed)`:
+Names understood by `get_raw_dataset(name, seed, columns)`:
 
 * hub data sets, loaded with `datasets.load_dataset(name)`, with DeepSpeed-Chat's field
   mapping and prompt formatting: Dahoas/rm-static, Dahoas/full-hh-rlhf,
@@ -25,17 +25,23 @@ Names understood by `get_raw_dataset(name, seed)`:
 * `reasoning_gym:<task>[?key=value&...][,<task>...]`: questions of reasoning-gym tasks, generated in
   memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
 * any existing local path: a directory holding train.json (or .jsonl, .parquet) and eval.json
-  (or .jsonl, .parquet), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval.
+  (or .jsonl, .parquet), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval;
+  or a folder `datasets` wrote with save_to_disk (LoadedDataset, read with `datasets.load_from_disk`).
+* any other name `datasets.load_dataset(name)` reads (LoadedDataset): a hub data set by its name, from
+  the Hugging Face cache when offline (HF_DATASETS_OFFLINE=1). Its `train` split is the train split,
+  its `test` or `validation` split (EVAL_SPLITS) the eval split, else the train split is split 9:1.
 
 Local file format: JSON lines (one object per line; blank lines ignored), one JSON array
-of objects, or a Parquet file (as hub data sets store theirs), each row in one of the shapes
-utils/data/pair_formats.py reads: DeepSpeed-Chat's string fields `prompt`, `chosen` and
+of objects, or a Parquet file (as hub data sets store theirs), each row (as each row of a
+LoadedDataset) in one of the shapes utils/data/pair_formats.py reads, its columns first renamed
+by the --<field>_key flags (`columns`: {field: column}): DeepSpeed-Chat's string fields `prompt`, `chosen` and
 `rejected` (other fields are ignored), HH-RLHF's whole dialogues in `chosen` and `rejected`,
 lists of chat messages (TRL, UltraFeedback, OpenRLHF), or prompts alone or with one answer.
 Strings in the text form are used VERBATIM, unlike DeepSpeed-Chat's local/jsonfile which
 inserts spaces: write them already formatted, e.g.
     {"prompt": " Human: What is 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}
-Empty strings are refused.
+Empty strings are refused; an HH dialogue whose final answer is empty has no answer on that side
+(a step that needs it skips the row and counts it).
 
 Data sets with only a train split (synthetic-instruct-gptj-pairwise, webgpt_comparisons,
 a single local file) are split 9:1 into train/eval by a seeded permutation (numpy

@@ -96,9 +96,10 @@ def column_keys(args):
 def add_data_path_arg(group, nargs="*", help=None):
     group.add_argument("--data_path", nargs=nargs, default=["builtin"],
                        help=help or "Data sets: DeepSpeed-Chat registry names (e.g. Dahoas/rm-static), local/jsonfile, "
-                                    "a local folder or .json/.jsonl file, 'builtin' (the built-in task, offline), or "
-                                    "reasoning-gym tasks, 'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym "
-                                    "extra).")
+                                    "a local folder or .json/.jsonl/.parquet file, a save_to_disk folder, any hub "
+                                    "data set datasets.load_dataset reads (offline: from the Hugging Face cache), "
+                                    "'builtin' (the built-in task, offline), or reasoning-gym tasks, "
+                                    "'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym extra).")
 
 
 def add_max_seq_len_arg(group, default=256, auto=True, default_help="%(default)s"):
