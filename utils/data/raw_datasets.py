@@ -622,7 +622,7 @@ class LoadedDataset(ShapedRows, RawDataset):
         train = "train" if "train" in splits else next(iter(splits)) if len(splits) == 1 else None
         if train is None:
             raise DataError(f"{name}: no 'train' split (it has: {', '.join(splits) or 'none'})")
-        evaluation = next((split for split in EVAL_SPLITS if split in splits), None)
+        evaluation = next((split for split in EVAL_SPLITS if split in splits and split != train), None)
         self._train = self._read(splits[train], train, columns)
         if evaluation is None:
             train_rows, eval_rows = split_train_eval(len(self._train), seed, f"{name} {train} split")

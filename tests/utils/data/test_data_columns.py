@@ -78,6 +78,16 @@ def test_a_save_to_disk_folder_is_read_with_its_columns_renamed(kind, tmp_path):
         assert sorted(train + evaluation) == sorted((r["question"], r["good"], r["bad"]) for r in PREFS["train"])
 
 
+def test_a_lone_split_of_any_name_is_the_train_split_and_several_without_train_are_refused(tmp_path):
+    rows = datasets.Dataset.from_list(PREFS["train"])
+    datasets.DatasetDict({"test": rows}).save_to_disk(tmp_path / "lone")
+    raw = get_raw_dataset(str(tmp_path / "lone"), 7, RENAMED)
+    assert (len(raw.get_train_data()), len(raw.get_eval_data())) == (18, 2)  # split 9:1, not test as both
+    datasets.DatasetDict({"train_prefs": rows, "test_prefs": rows}).save_to_disk(tmp_path / "several")
+    with pytest.raises(DataError, match=r"several: no 'train' split \(it has: train_prefs, test_prefs\)$"):
+        get_raw_dataset(str(tmp_path / "several"), 7, RENAMED)
+
+
 def test_renamed_columns_reach_every_row_shape(tmp_path):
     """KTO's labelled answers, a prompt with one completion (SFT), a whole chat: each from columns of other names."""
     kto = write_jsonl(tmp_path / "kto.jsonl", [{"q": " Human: 1 + 1? Assistant:", "answer": " 2", "ok": True},
