@@ -68,13 +68,13 @@ def has_checker(data_paths):
     return all(path == "builtin" or path.startswith("reasoning_gym:") for path in data_paths or ["builtin"])
 
 
-def heldout_set(data_paths, seed=1234):
+def heldout_set(data_paths, seed=1234, columns=None):
     """(prompts, checker) of the held-out questions of one or more data paths. `builtin`: the built-in task's
     held-out prompts, checker None (evaluate_models' default, BUILTIN_CHECKER: keys "all" and per skill);
     a `reasoning_gym:` spec: its held-out part, tasks in turn, checker its verifier's (gym_checker: keys "all" and
     per task); any other source: the prompts of its eval split (never trained on), no checker (a reward model
-    scores them). With several paths the prompts are concatenated and only a lone reasoning-gym spec's checker
-    is kept."""
+    scores them; its columns renamed by `columns`: utils.data.data_utils.get_raw_dataset). With several paths the
+    prompts are concatenated and only a lone reasoning-gym spec's checker is kept."""
     if isinstance(data_paths, str):
         data_paths = [data_paths]
     prompts, checkers = [], []
@@ -88,7 +88,7 @@ def heldout_set(data_paths, seed=1234):
             checkers.append(gym_checker(data.verifier))
         else:
 
-            raw = get_raw_dataset(data_path, seed)
+            raw = get_raw_dataset(data_path, seed, columns)
             rows = raw.get_eval_data()
             found = [raw.get_prompt(row) for row in rows] if rows is not None else []
             found = [prompt for prompt in found if prompt]

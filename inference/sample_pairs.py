@@ -26,7 +26,7 @@ from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.model.save import atomic_dir
 from utils.rl.reward_fns import call_reward_fn, load_reward_fn
 from utils.runtime.args import (ArgumentParser, add_data_args, add_generation_args, add_model_name_or_path_arg,
-                                add_output_dir_arg, add_reward_fn_arg, check_flag_ranges)
+                                add_output_dir_arg, add_reward_fn_arg, check_flag_ranges, column_keys)
 from utils.runtime.dist import quiet_transformers
 from utils.runtime.ds_utils import choose_dtype
 from utils.runtime.errors import ConfigError, DataError, cli_entry
@@ -55,6 +55,7 @@ def parse_args(argv=None):
     if args.samples_per_prompt < 2:  # a pair is two answers; FLAG_RANGES says at least 1, as for prompt_eval.py
         raise ConfigError(f"--samples_per_prompt must be at least 2, got {args.samples_per_prompt}")
     check_flag_ranges(args)
+    column_keys(args)
     if Path(args.output_dir).is_file():
         raise ConfigError(f"--output_dir {args.output_dir} is a file, not a folder")
     return args
@@ -63,13 +64,13 @@ def parse_args(argv=None):
 def settings_of(args, model_path, max_new_tokens):
     """What the pairs depend on, as meta.json keeps it (--resume reuses pairs made with the same): the model's
     weights too, by their files' names, sizes and modification times, so a model saved again in the same folder
-    (an earlier round of train.py --pair-rounds trained anew) is sampled again."""
+    (an earlier round of train.py --pair-rounds trained anew) is sampled again; and the data's columns."""
     keys = ("reward_fn", "data_path", "data_split", "train_phase", "max_prompts", "samples_per_prompt",
             "temperature", "top_p", "seed")
     weights = sorted([path.name, path.stat().st_size, path.stat().st_mtime_ns]
                      for path in Path(model_path).glob("*.safetensors"))
     return {"model": str(model_path), "weights": weights, "max_new_tokens": max_new_tokens,
-            **{key: getattr(args, key) for key in keys}}
+            **{key: getattr(args, key) for key in keys}, "columns": column_keys(args)}
 
 
 def sampled_answers(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature=1.0, top_p=1.0,
@@ -116,7 +117,8 @@ def main(argv=None):
     delete_leftovers(out)
     reward_fn = load_reward_fn(args.reward_fn, args)  # a wrong judge fails before any answer is sampled
     prompts = {split: part_prompts(args.data_path, args.data_split, args.train_phase, args.seed,
-                                   args.data_output_path, split)[:args.max_prompts] for split in SPLITS}
+                                   args.data_output_path, split, column_keys(args))[:args.max_prompts]
+               for split in SPLITS}
     for split in SPLITS:
         if not prompts[split]:
             raise DataError(f"--data_path {' '.join(args.data_path)} has no {split} prompts in part "

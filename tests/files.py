@@ -1,5 +1,8 @@
 """Small file helpers the tests share."""
+import contextlib
 import json
+import os
+from pathlib import Path
 
 
 def write_jsonl(path, rows):
@@ -7,3 +10,38 @@ def write_jsonl(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
+
+
+def cache_hub_dataset(cache, repo_id, splits):
+    """Put `splits` ({split: rows}) into the `datasets` cache folder `cache` as a download of the hub data set
+    `repo_id` ("owner/name", lower case) leaves it, <cache>/<owner>___<name>/default/0.0.0/<hash>/<name>-<split>.arrow
+    (written by datasets' own JSON builder), so that `datasets.load_dataset(repo_id)` reads it offline. Returns
+    `cache`."""
+    from datasets.packaged_modules.json.json import Json
+
+    owner, name = repo_id.split("/")
+    source = Path(cache).parent / f"{owner}-{name}-source"
+    files = {split: str(write_jsonl(source / f"{split}.jsonl", rows)) for split, rows in splits.items()}
+    Json(cache_dir=str(cache), dataset_name=name, config_id="default", hash="0123456789abcdef",
+         data_files=files).download_and_prepare()
+    os.rename(Path(cache) / name, Path(cache) / f"{owner}___{name}")
+    return cache
+
+
+@contextlib.contextmanager
+def offline_hub(cache):
+    """`datasets` in this process offline with its cache in `cache`, as HF_DATASETS_OFFLINE=1 and HF_DATASETS_CACHE
+    set it in a fresh process (datasets reads them when imported); restored after."""
+    import datasets
+
+    saved = datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_CACHE = True, Path(cache)
+    try:
+        yield Path(cache)
+    finally:
+        datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_CACHE = saved
+
+
+def offline_env(cache):
+    """The environment variables that put a fresh process's `datasets` offline with its cache in `cache`."""
+    return {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(cache)}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.files import write_jsonl
+from tests.files import offline_hub, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_ROW = {"prompt": " Human: What is 1 + 2? Assistant:", "chosen": " 3", "rejected": " 4"}
@@ -104,6 +104,38 @@ CASES = [
          ("argument --max_seq_len: must be a positive number of tokens or auto, not 'longest'",)),
     Case("step1 --max_seq_len of zero", "step1", [*STEP1, "--max_seq_len", "0"],
          ("argument --max_seq_len: must be at least 1 (or auto), not 0",)),
+    # data by hub name, save_to_disk folders, the data-columns flags
+    Case("step1 --prompt_key naming no column", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--prompt_key", "question"],
+         ("{tmp}/good/train.json: no column 'question' (named by --prompt_key); its columns: chosen, prompt, "
+          "rejected",)),
+    Case("step1 hub data set neither on the hub nor in the cache, offline", "step1",
+         [*STEP1, "--data_path", "nobody/nothing"],
+         ("unknown data set 'nobody/nothing'", "could not be downloaded from the Hugging Face hub nor read from its "
+          "cache", "OfflineModeIsEnabled"), setup="offline hub"),
+    Case("dpo two column flags naming one column", "dpo",
+         [*STEP2, "--chosen_key", "answer", "--completion_key", "answer"],
+         ("--chosen_key and --completion_key both name column 'answer'",)),
+    Case("kto --label_key column holding neither true nor false", "kto",
+         [*STEP2, "--data_path", "{tmp}/verdicts.jsonl", "--prompt_key", "q", "--completion_key", "answer",
+          "--label_key", "verdict"],
+         ("{tmp}/verdicts.jsonl: row 1 (line 2): field 'verdict' (--label_key) must be true",)),
+    Case("step3 save_to_disk folder without the --prompt_key column", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--data_path", "{tmp}/saved", "--prompt_key", "question"],
+         ("{tmp}/saved: train split: no column 'question' (named by --prompt_key)",)),
+    Case("sample_pairs --prompt_key naming no column", "sample_pairs",
+         [*SAMPLE_PAIRS, "--reward_fn", "builtin", "--prompt_key", "question"],
+         ("{tmp}/good/train.json: no column 'question' (named by --prompt_key)",)),
+    Case("rw_eval --chosen_key naming no column of the pairs file", "rw_eval",
+         ["--model_name_or_path", "{critic}", "--pairs_file", "{tmp}/good/eval.json", "--chosen_key", "best",
+          *EVAL_OUT], ("{tmp}/good/eval.json: no column 'best' (named by --chosen_key)",)),
+    Case("prompt_eval --prompt_key naming no column", "prompt_eval",
+         ["--model_name_or_path_baseline", "tiny", "--model_name_or_path_finetune", "tiny", "--data_path",
+          "{tmp}/good", "--prompt_key", "question", *EVAL_OUT],
+         ("{tmp}/good/train.json: no column 'question' (named by --prompt_key)",)),
+    Case("train.py --prompt-key naming no column, before step 1 runs", "train.py",
+         ["--data-path", "{tmp}/good", "--prompt-key", "question", "--output-dir", "{out}"],
+         ("--data-path: {tmp}/good/train.json: no column 'question' (named by --prompt_key)",)),
     # step 1: reasoning-gym data
     Case("step1 unknown reasoning-gym task", "step1", [*STEP1, "--data_path", "reasoning_gym:chain_summ"],
          ("reasoning_gym:chain_summ: unknown reasoning-gym task (did you mean chain_sum",)),
@@ -465,6 +497,11 @@ def write_bad_data(tmp):
     write_jsonl(tmp / "labelrejected.jsonl", [kto_row, dict(kto_row, rejected=" 4")] + [kto_row] * 4)
     write_jsonl(tmp / "emptycompletion.jsonl", [kto_row, dict(kto_row, completion="")] + [kto_row] * 4)
     write_jsonl(tmp / "promptsonly.jsonl", [{"prompt": GOOD_ROW["prompt"]}] * 8)
+    verdict = {"q": GOOD_ROW["prompt"], "answer": " 3", "verdict": True}
+    write_jsonl(tmp / "verdicts.jsonl", [verdict, dict(verdict, verdict="yes")] + [verdict] * 4)
+    import datasets
+
+    datasets.Dataset.from_list([GOOD_ROW] * 8).save_to_disk(tmp / "saved")
     for split in ("train", "eval"):
         write_jsonl(tmp / "good" / f"{split}.json", [GOOD_ROW] * 8)
         write_jsonl(tmp / "nofield" / f"{split}.json", [GOOD_ROW, {"prompt": " Human: x Assistant:", "rejected": " y"}])
@@ -541,9 +578,16 @@ def write_opt_model(tmp, out, actor):
     tokenizer.save_pretrained(tmp / "opt")
 
 
+def go_offline(tmp, out, actor):
+    """`datasets` offline, on an empty cache of its own (HF_DATASETS_OFFLINE=1 in a fresh process)."""
+    offline = offline_hub(tmp / "hf-cache")
+    offline.__enter__()
+    return lambda: offline.__exit__(None, None, None)
+
+
 SETUPS = {"lock out": hold_lock, "checkpoint in out": make_checkpoint_in_out,
           "actor in step3out": copy_actor_into_step3out, "broken models": write_broken_models,
-          "opt model": write_opt_model}
+          "opt model": write_opt_model, "offline hub": go_offline}
 
 
 def unwritable_folder(tmp):

@@ -243,6 +243,29 @@ def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win(tmp_path, mon
     assert all("--data_path" not in command and "--seed" not in command for command in plain.values())
 
 
+def test_data_column_flags_reach_every_stage_that_reads_the_data_and_the_evaluation(tmp_path, monkeypatch):
+    """--prompt-key ... become each stage's --prompt_key ... (which it parses), but not step 2's where it reads the
+    sampled pairs, written in the standard columns; train.py reads the data with them before any step runs."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "qa.jsonl", ({"question": f" Human: What is {i} + 1? Assistant:", "answer": f" {i + 1}"}
+                                        for i in range(10)))
+    keys = ["--prompt-key", "question", "--completion-key", "answer"]
+    stage_commands, evaluation = commands("--algorithm", "grpo", "--reward-fn", "builtin", "--data-path", "qa.jsonl",
+                                          *keys)
+    assert list(stage_commands) == ["sft", "rl"]  # the answers were found in the renamed column: step 1 runs
+    for command in [*stage_commands.values(), evaluation]:
+        assert (flag(command, "--prompt_key"), flag(command, "--completion_key")) == ("question", "answer")
+    from training.step1_supervised_finetuning.main import parse_args
+    from utils.runtime.args import column_keys
+
+    assert column_keys(parse_args(stage_commands["sft"][2:])) == {"prompt": "question", "completion": "answer"}
+    stage_commands, _ = commands("--algorithm", "dpo", "--pair-judge", "builtin", "--data-path", "qa.jsonl", *keys)
+    assert flag(stage_commands["sft"], "--prompt_key") == flag(stage_commands["pairs"], "--prompt_key") == "question"
+    assert "--prompt_key" not in stage_commands["dpo"] and "--completion_key" not in stage_commands["dpo"]
+    with pytest.raises(DataError, match="^--data-path: qa.jsonl: row 0 \\(line 1\\): missing field 'prompt'"):
+        commands("--algorithm", "grpo", "--reward-fn", "builtin", "--data-path", "qa.jsonl")  # without the flags
+
+
 def test_per_model_zero_stages_override_the_pipeline_one():
     stage_commands, _ = commands("--zero-stage", "2", "--reward-zero-stage", "3")
     assert flag(stage_commands["sft"], "--zero_stage") == "2" and flag(stage_commands["reward"], "--zero_stage") == "3"

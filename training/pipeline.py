@@ -22,6 +22,7 @@ from typing import Callable
 
 from training.recipes import recipe_flags
 from utils.rl.estimators import CRITIC_FREE, ESTIMATORS
+from utils.runtime.args import column_flag, column_keys
 from utils.runtime.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +181,7 @@ def plan(args):
     sampled pairs first in step 2; with --pair-rounds N the `repeats` stages again for rounds 2 to N."""
     names = [name for name in ALGORITHMS[args.algorithm].stages
              if not (STAGES[name].trains == "reward" and args.reward_fn)]
-    if not has_reference_answers(tuple(args.data_path or ())):
+    if not has_reference_answers(tuple(args.data_path or ()), tuple(column_keys(args).items())):
         names = [name for name in names if STAGES[name].step != 1]
     if args.pair_judge:
         names.insert(next(i for i, name in enumerate(names) if STAGES[name].step == 2), "pairs")
@@ -226,17 +227,18 @@ def run_inputs(args, run, runs):
 
 
 @lru_cache(maxsize=None)
-def has_reference_answers(data_paths):
+def has_reference_answers(data_paths, columns=()):
     """Whether the data has answers to imitate: False for prompts alone (a local file of questions, reasoning-gym
-    tasks that any valid solution answers, such as graph_color). Hub data sets, whose reading needs the network,
-    and the built-in task have them. A path that is neither a known name nor an existing file or folder is refused
-    here, before any step starts."""
+    tasks that any valid solution answers, such as graph_color), its columns renamed by `columns` ((field, column)
+    pairs). DeepSpeed-Chat's hub data sets, whose reading needs the network, and the built-in task have them. A
+    path that is neither a known name nor an existing file or folder nor a data set `datasets` loads, or whose
+    columns are not there, is refused here, before any step starts."""
     from utils.data.data_utils import get_raw_dataset  # loads datasets: --help and flag errors answer first
     from utils.data.raw_datasets import HUB_DATASETS
 
     def read(path):
         try:
-            return get_raw_dataset(path, seed=1234)
+            return get_raw_dataset(path, seed=1234, columns=dict(columns))
         except DataError as err:
             raise DataError(f"--data-path: {err}") from None
 
@@ -251,23 +253,30 @@ def has_reference_answers(data_paths):
     return len(readable) < len(paths) or any(answered(raw) for raw in readable)
 
 
-def pipeline_flags(args):
+def pipeline_flags(args, data_columns=True):
     """The flags every training stage gets from train.py: TensorBoard, checkpoints, the shared data and seed
-    settings."""
+    settings (`data_columns`: with the data's columns, not for a stage that reads sampled pairs)."""
     # Every stage logs under one TensorBoard folder: `tensorboard --logdir <output-dir>/tensorboard`.
     flags = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
     flags += ["--save_steps", str(args.save_steps)] if args.save_steps else []
     flags += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
-    return flags + script_flags(args)
+    return flags + script_flags(args, data_columns)
 
 
-def script_flags(args):
-    """The flags every stage gets, scripts included: --resume, the shared data and seed settings."""
+def script_flags(args, data_columns=True):
+    """The flags every stage gets, scripts included: --resume, the shared data and seed settings, and (unless not
+    `data_columns`) the data's columns."""
     flags = ["--resume"] if args.resume else []
     flags += ["--data_path", *args.data_path] if args.data_path else []
+    flags += column_flags(args) if data_columns else []
     flags += ["--data_split", args.data_split] if args.data_split else []
     flags += ["--seed", str(args.seed)] if args.seed is not None else []
     return flags
+
+
+def column_flags(args):
+    """train.py's --prompt-key ... as the stages' --prompt_key ... (utils/runtime/args.py column_keys)."""
+    return [item for field, column in column_keys(args).items() for item in (column_flag(field), column)]
 
 
 def step_command(args, run):
@@ -287,7 +296,8 @@ def step_command(args, run):
     script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
     pairs = ["--data_path", str(run.dirs["pairs"]), "--data_split", PAIRS_DATA_SPLIT] \
         if "pairs" in run.dirs and spec.step == 2 else []
-    return ["bash", str(script), *flags, *recipe, *pipeline_flags(args), *pairs,
+    # Sampled pairs are written in the standard columns: the data's own column names do not apply to them.
+    return ["bash", str(script), *flags, *recipe, *pipeline_flags(args, data_columns=not pairs), *pairs,
             *shlex.split(getattr(args, f"step{spec.step}_args"))]
 
 
@@ -347,7 +357,7 @@ def evaluation_command(args, runs):
 
     if args.reward_fn and not has_checker(args.data_path):  # the RL's own yardstick where the data has none
         reward += ["--reward_fn", args.reward_fn]
-    data = ["--data_path", *args.data_path] if args.data_path else []
+    data = (["--data_path", *args.data_path] if args.data_path else []) + column_flags(args)
     asked = {"--num_prompts": args.eval_prompts, "--samples_per_prompt": args.eval_samples}  # last: they win
     return [sys.executable, str(EVAL_SCRIPT), "--model_name_or_path_baseline", str(baseline),
             "--model_name_or_path_finetune", str(finetune), *reward, *data,

@@ -21,8 +21,9 @@ from inference.evaluation import (BUILTIN_CHECKER, Checker, are_task_prompts, ev
                                   format_score_table, format_side_by_side, heldout_set, read_prompts_file)
 from inference.generation import DEFAULT_MAX_NEW_TOKENS, trained_max_new_tokens
 from utils.model.model_utils import check_model_kind, resolve_model_path
-from utils.runtime.args import (ArgumentParser, add_data_path_arg, add_generation_args, add_output_json_arg,
-                                add_reward_fn_arg, check_flag_ranges, check_output_file, is_auto)
+from utils.runtime.args import (ArgumentParser, add_column_args, add_data_path_arg, add_generation_args,
+                                add_output_json_arg, add_reward_fn_arg, check_flag_ranges, check_output_file,
+                                column_keys, is_auto)
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.paths import check_not_an_input
 
@@ -41,6 +42,7 @@ def parse_args(argv=None):
                       help="Whose held-out prompts and checker: 'builtin' (the built-in task), a reasoning-gym spec, "
                            "reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any other data "
                            "source (the prompts of its eval split, scored by --reward_model only).")
+    add_column_args(parser)
     parser.add_argument("--num_prompts", type=int, default=None, help="Use only the first N prompts.")
     parser.add_argument("--num_show", type=int, default=8, help="Prompts printed with both models' answers.")
     add_output_json_arg(parser, "the scores and all answers (see inference.evaluation.evaluate_models)")
@@ -53,6 +55,7 @@ def parse_args(argv=None):
                         covers="the sampled decoding (the same for each model)")
     args = parser.parse_args(argv)
     check_flag_ranges(args)
+    column_keys(args)
     if args.prompts_file and args.data_path != ["builtin"]:
         raise ConfigError("--prompts_file and --data_path both give the prompts; pass one")
     if args.prompts_file and is_auto(args.max_new_tokens):
@@ -85,7 +88,7 @@ def main(argv=None):
     if args.prompts_file:
         prompts, checker = read_prompts_file(args.prompts_file), None
     else:
-        prompts, checker = heldout_set(args.data_path, args.seed)
+        prompts, checker = heldout_set(args.data_path, args.seed, column_keys(args))
     prompts = prompts[:args.num_prompts]
     if args.reward_fn:  # scores by the reward function, grouped as the data's checker groups the questions
         data_checker = checker or (BUILTIN_CHECKER if are_task_prompts(prompts) else None)

@@ -36,9 +36,9 @@ from utils.data.data_utils import SampleCounter, pair_sample
 from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import load_reward_model, score_answers, score_sequences
 from utils.model.save import trained_sequence_length
-from utils.runtime.args import (ArgumentParser, add_batch_size_arg, add_max_seq_len_arg, add_model_name_or_path_arg,
-                                add_output_json_arg, add_seed_arg, add_trust_remote_code_arg, check_flag_ranges,
-                                check_output_file)
+from utils.runtime.args import (ArgumentParser, add_batch_size_arg, add_column_args, add_max_seq_len_arg,
+                                add_model_name_or_path_arg, add_output_json_arg, add_seed_arg,
+                                add_trust_remote_code_arg, check_flag_ranges, check_output_file, column_keys)
 from utils.runtime.errors import ConfigError, DataError, cli_entry
 from utils.runtime.paths import check_not_an_input
 
@@ -61,7 +61,8 @@ def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     add_model_name_or_path_arg(parser, help="A reward-model folder (step 2 output).", required=True)
     parser.add_argument("--pairs_file", type=str, default=None,
-                        help="JSON lines (or a JSON array) of {prompt, chosen, rejected}, used verbatim.")
+                        help="JSON lines (or a JSON array, or Parquet) of pairs in any shape step 2 reads, e.g. "
+                             "{prompt, chosen, rejected} used verbatim (columns renamed by the data-columns flags).")
     parser.add_argument("--heldout", action="store_true",
                         help="Correlate the scores with the built-in task's checker on its held-out prompts.")
     parser.add_argument("--num_examples", type=int, default=8,
@@ -73,8 +74,10 @@ def parse_args(argv=None):
     add_seed_arg(parser, covers="the --heldout candidate answers")
     add_output_json_arg(parser, what="every score")
     add_trust_remote_code_arg(parser)
+    add_column_args(parser)
     args = parser.parse_args(argv)
     check_flag_ranges(args)
+    column_keys(args)
     if args.pairs_file and args.heldout:
         raise ConfigError("--pairs_file and --heldout are two different evaluations; pass one")
     check_output_file("--output_json", args.output_json)
@@ -165,10 +168,13 @@ def eval_examples(model, tokenizer, args):
 def eval_pairs(model, tokenizer, args):
     from utils.data.raw_datasets import read_local_split
 
-    rows = read_local_split(args.pairs_file)
+    rows = read_local_split(args.pairs_file, column_keys(args))
     counter = SampleCounter(args.pairs_file)
     kept = []
     for row in rows:
+        if row["chosen"] is None or row["rejected"] is None:  # a prompt alone, or an answer left empty
+            counter.skip("no answer")
+            continue
         sample = pair_sample(tokenizer, row["prompt"], row["chosen"], row["rejected"], args.max_seq_len, counter)
         if sample is not None:
             kept.append((row, sample))

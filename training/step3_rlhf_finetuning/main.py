@@ -31,7 +31,7 @@ from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_pro
 from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.rl.reward_fns import load_reward_fn
-from utils.runtime.args import training_flags
+from utils.runtime.args import column_keys, training_flags
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.progress import progress
@@ -68,7 +68,7 @@ def main(argv=None):
     tokenizer = load_tokenizer(actor_path, args.trust_remote_code)
     def build(max_prompt_len):
         return create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 3, args.seed, tokenizer,
-                                     max_prompt_len)
+                                     max_prompt_len, columns=column_keys(args))
 
     prompt_dataset, eval_dataset = build(data_bound(args.max_prompt_seq_len))
     fit_auto_lengths(args, args.data_path, tokenizer, prompt_dataset, eval_dataset, rebuild=build)

@@ -9,6 +9,7 @@ and read without pickle.
 """
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +17,10 @@ import numpy as np
 import torch
 
 from utils.data.prompting import encode_prompt_text, model_answer, model_prompt, shorter_prompts
-from utils.data.raw_datasets import HUB_DATASETS, Builtin, LocalJsonFile, RawDataset, builtin_data_dir
+from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
+                                     builtin_data_dir, is_saved_dataset, load_hub)
 from utils.data.reasoning_gym_data import ReasoningGym
-from utils.runtime.args import AUTO, is_auto
+from utils.runtime.args import AUTO, column_keys, is_auto
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
 from utils.runtime.paths import write_file_atomic
@@ -26,12 +28,15 @@ from utils.runtime.paths import write_file_atomic
 IGNORE_INDEX = -100
 PHASES = (1, 2, 3)
 KNOWN_NAMES = (*HUB_DATASETS, "builtin", "local/jsonfile")
+HUB_NAME = re.compile(r"[A-Za-z0-9_][\w.-]*(/[\w.-]+)?")
+"""A name that may be a hub data set's (`name` or `owner/name`), not a local path (`./x`, `/x`, `~/x`, `a/b/c`)."""
 
 
-
-def get_raw_dataset(name: str, seed: int) -> RawDataset:
-    """The raw data set called `name`: a known hub name, `builtin`, `local/jsonfile`
-    (./data under the current directory), a `reasoning_gym:` spec or an existing local path."""
+def get_raw_dataset(name: str, seed: int, columns: dict | None = None) -> RawDataset:
+    """The raw data set called `name`: a known hub name, `builtin`, `local/jsonfile` (./data under the current
+    directory), a `reasoning_gym:` spec, an existing local path (a save_to_disk folder, or local files), or any
+    other name `datasets.load_dataset` reads (from the Hugging Face cache offline). `columns` ({field: column},
+    the --<field>_key flags) renames the columns of the last three kinds; the others have fixed fields."""
     if name in HUB_DATASETS:
         return HUB_DATASETS[name](seed=seed)
     if name == "builtin":
@@ -41,13 +46,22 @@ def get_raw_dataset(name: str, seed: int) -> RawDataset:
         if not data.is_dir():
             raise DataError(f"local/jsonfile: {data}: no such directory (local/jsonfile reads train.json "
                             f"and eval.json from ./data under the current directory)")
-        return LocalJsonFile(data, seed=seed, name="local/jsonfile")
+        return LocalJsonFile(data, seed=seed, name="local/jsonfile", columns=columns)
     if name.startswith("reasoning_gym:"):
         return ReasoningGym(name, seed=seed)
     if os.path.exists(os.path.expanduser(name)):
-        return LocalJsonFile(name, seed=seed)
-    raise DataError(f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) "
-                    f"and no such local path exists")
+        if is_saved_dataset(os.path.expanduser(name)):
+            return LoadedDataset.from_disk(name, seed=seed, columns=columns)
+        return LocalJsonFile(name, seed=seed, columns=columns)
+    unknown = (f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) and no such local "
+               "path exists")
+    if not HUB_NAME.fullmatch(name) or name.lower().endswith(LOCAL_SUFFIXES):
+        raise DataError(unknown)
+    try:
+        loaded = load_hub(name)
+    except DataError as err:
+        raise DataError(f"{unknown}, and {err}") from None
+    return LoadedDataset(name, loaded, seed=seed, columns=columns)
 
 
 def parse_data_split(data_split):
@@ -332,12 +346,12 @@ def sample_length(sample):
     return max(len(sample[key]) for key in ("input_ids", "chosen_ids", "rejected_ids", "prompt_ids") if key in sample)
 
 
-def reference_answer_lengths(data_paths, seed, tokenizer):
+def reference_answer_lengths(data_paths, seed, tokenizer, columns=None):
     """The tokens of each distinct reference (chosen) answer, with its EOS, over the train and eval rows of the
-    data sets; [] when none has one."""
+    data sets (their columns renamed by `columns`: get_raw_dataset); [] when none has one."""
     answers = set()
     for data_path in data_paths:
-        raw = get_raw_dataset(data_path, seed)
+        raw = get_raw_dataset(data_path, seed, columns)
         for rows in (raw.get_train_data(), raw.get_eval_data()):
             for row in rows if rows is not None else ():
                 answers.add(_reference_answer(raw, row))
@@ -381,7 +395,7 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
             measured = f"{percentile:g}th percentile of {len(lengths)} samples"
             value = percentile_length(lengths, percentile)
         else:
-            lengths = reference_answer_lengths(data_paths, args.seed, tokenizer)
+            lengths = reference_answer_lengths(data_paths, args.seed, tokenizer, column_keys(args))
             measured = f"{ANSWER_ROOM} x the {percentile:g}th percentile of {len(lengths)} reference answers"
             value = ANSWER_ROOM * percentile_length(lengths, percentile)
             if value < 1:
@@ -457,9 +471,10 @@ class ListDataset(torch.utils.data.Dataset):
 
 
 def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed, tokenizer, max_seq_len,
-                          unpaired=False):
-    """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths`, shuffled together; with
-    `unpaired`, KTO's labelled answers from the phase's rows instead (feedback_samples).
+                          unpaired=False, columns=None):
+    """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths` (their columns renamed by
+    `columns`: get_raw_dataset), shuffled together; with `unpaired`, KTO's labelled answers from the phase's rows
+    instead (feedback_samples).
 
     `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3 (None: no bound). Each dataset
     carries the `counts` of both splits: rows read, samples kept, rows skipped by reason (data_metrics)."""
@@ -471,7 +486,7 @@ def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed
         counter = SampleCounter(f"phase {train_phase} {split_name}")
         samples, rows_in_part, rows_in_all = [], 0, 0
         for data_path in data_paths:
-            raw = get_raw_dataset(data_path, seed)
+            raw = get_raw_dataset(data_path, seed, columns)
             rows = raw.get_train_data() if split_name == "train" else raw.get_eval_data()
             part = split_part_indices(output_path, raw.clean_name, seed, split_name, data_split, train_phase - 1,
                                       len(rows))

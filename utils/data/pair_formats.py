@@ -1,13 +1,14 @@
 """The shapes preference rows come in, read into one: DeepSpeed-Chat's text form (prompt, chosen, rejected).
 
-Local data files may hold any of these, row by row (the row's `chosen` decides which):
+Local data files, hub data sets and save_to_disk folders may hold any of these, row by row (the row's `chosen`
+decides which), their columns first renamed to these fields by the --<field>_key flags (--prompt_key ...):
 
 1. **Text form** (DeepSpeed-Chat, Dahoas/rm-static): `prompt`, `chosen` and `rejected` strings, used verbatim:
    `{"prompt": " Human: What is 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}`.
 2. **Whole dialogues** (Anthropic HH-RLHF): `chosen` and `rejected` strings each holding the whole conversation
    and no `prompt`: the prompt is what both share, up to and including the last `Assistant:` in it, and the
    answers are the rest of each: `{"chosen": "\\n\\nHuman: Hi\\n\\nAssistant: Hello!", "rejected": "\\n\\nHuman:
-   Hi\\n\\nAssistant: Go away."}`.
+   Hi\\n\\nAssistant: Go away."}`. An answer left empty (HH-RLHF has a few) is None, as in shape 4.
 3. **Messages** (TRL's conversational form, UltraFeedback binarized, OpenRLHF): `chosen` and `rejected` lists of
    `{"role": "user" | "assistant" | "system", "content": "..."}`, either the answer alone (with the prompt in
    `prompt` as a list of messages or as one user string) or the whole conversation (with or without a `prompt`
@@ -109,19 +110,17 @@ def _labelled(value: dict, where: str) -> dict[str, str | None]:
     return pair if label else {**pair, "chosen": None, "rejected": pair["chosen"]}
 
 
-def _dialogues_pair(chosen: str, rejected: str, where: str) -> dict[str, str]:
-    """HH-RLHF's whole dialogues: the shared text up to its last `Assistant:` is the prompt."""
+def _dialogues_pair(chosen: str, rejected: str, where: str) -> dict[str, str | None]:
+    """HH-RLHF's whole dialogues: the shared text up to its last `Assistant:` is the prompt; an answer that is empty
+    after it (HH-RLHF has such rows) is None, which a step that needs it skips and counts."""
     shared = len(os.path.commonprefix([chosen, rejected]))
     cut = chosen.rfind(ASSISTANT_MARK, 0, shared)
     if cut < 0:
         raise DataError(f"{where}: missing field 'prompt', and 'chosen' and 'rejected' share no dialogue up to an "
                         f"'{ASSISTANT_MARK}' to take it from")
     cut += len(ASSISTANT_MARK)
-    pair = {"prompt": chosen[:cut], "chosen": chosen[cut:], "rejected": rejected[cut:]}
-    for field in ("chosen", "rejected"):
-        if not pair[field].strip():
-            raise DataError(f"{where}: field '{field}' has no answer after the shared prompt")
-    return pair
+    answers = {"chosen": chosen[cut:], "rejected": rejected[cut:]}
+    return {"prompt": chosen[:cut], **{field: answer if answer.strip() else None for field, answer in answers.items()}}
 
 
 def _messages_pair(value: dict, where: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ They are exactly the text to concatenate: `prompt + chosen` is the full SFT text
 `prompt + rejected` the rejected conversation. Nothing (no space, no EOS) is inserted
 between or after them here; the tokenizing code appends the end-of-text token.
 
-Names understood by `get_raw_dataset(name, seed)`:
+Names understood by `get_raw_dataset(name, seed, columns)`:
 
 * hub data sets, loaded with `datasets.load_dataset(name)`, with DeepSpeed-Chat's field
   mapping and prompt formatting: Dahoas/rm-static, Dahoas/full-hh-rlhf,
@@ -25,17 +25,23 @@ Names understood by `get_raw_dataset(name, seed)`:
 * `reasoning_gym:<task>[?key=value&...][,<task>...]`: questions of reasoning-gym tasks, generated in
   memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
 * any existing local path: a directory holding train.json (or .jsonl, .parquet) and eval.json
-  (or .jsonl, .parquet), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval.
+  (or .jsonl, .parquet), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval;
+  or a folder `datasets` wrote with save_to_disk (LoadedDataset, read with `datasets.load_from_disk`).
+* any other name `datasets.load_dataset(name)` reads (LoadedDataset): a hub data set by its name, from
+  the Hugging Face cache when offline (HF_DATASETS_OFFLINE=1). Its `train` split is the train split,
+  its `test` or `validation` split (EVAL_SPLITS) the eval split, else the train split is split 9:1.
 
 Local file format: JSON lines (one object per line; blank lines ignored), one JSON array
-of objects, or a Parquet file (as hub data sets store theirs), each row in one of the shapes
-utils/data/pair_formats.py reads: DeepSpeed-Chat's string fields `prompt`, `chosen` and
+of objects, or a Parquet file (as hub data sets store theirs), each row (as each row of a
+LoadedDataset) in one of the shapes utils/data/pair_formats.py reads, its columns first renamed
+by the --<field>_key flags (`columns`: {field: column}): DeepSpeed-Chat's string fields `prompt`, `chosen` and
 `rejected` (other fields are ignored), HH-RLHF's whole dialogues in `chosen` and `rejected`,
 lists of chat messages (TRL, UltraFeedback, OpenRLHF), or prompts alone or with one answer.
 Strings in the text form are used VERBATIM, unlike DeepSpeed-Chat's local/jsonfile which
 inserts spaces: write them already formatted, e.g.
     {"prompt": " Human: What is 7 + 12? Assistant:", "chosen": " 19", "rejected": " 21"}
-Empty strings are refused.
+Empty strings are refused; an HH dialogue whose final answer is empty has no answer on that side
+(a step that needs it skips the row and counts it).
 
 Data sets with only a train split (synthetic-instruct-gptj-pairwise, webgpt_comparisons,
 a single local file) are split 9:1 into train/eval by a seeded permutation (numpy
@@ -61,6 +67,7 @@ from utils.data import builtin_task as task
 from utils.data.pair_formats import read_pair
 from utils.data.prompting import text_prompt
 from utils.data.text_files import check_text, read_lines, read_text, regular_file
+from utils.runtime.args import column_flag
 from utils.runtime.paths import cache_dir
 
 __all__ = [
@@ -173,11 +180,12 @@ def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
     return [(value, f"row {i}") for i, value in enumerate(table.to_pylist())]
 
 
-def read_local_split(path: str | os.PathLike) -> datasets.Dataset:
+def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = None) -> datasets.Dataset:
     """Read and validate one local split file (JSON lines, a JSON array, or Parquet).
 
     Each record must be an object holding a preference pair in one of the shapes of
-    utils.data.pair_formats (text form, whole dialogues, or lists of messages); other fields
+    utils.data.pair_formats (text form, whole dialogues, or lists of messages), its columns first renamed by
+    `columns` ({field: the file's column}, from the --<field>_key flags); other fields
     are dropped. Rows are numbered from 0 in the messages, lines from 1. Returns a
     `datasets.Dataset` with exactly the columns prompt, chosen and rejected, in the text form.
     """
@@ -189,15 +197,47 @@ def read_local_split(path: str | os.PathLike) -> datasets.Dataset:
             records = _json_rows(path)
         except OSError as exc:
             raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    rows = []
     for value, where in records:
         if not isinstance(value, dict):
             raise DataError(f"{path}: {where}: expected a JSON object, got {type(value).__name__}")
-        _check_strings(value, f"{path}: {where}")
-        rows.append(read_pair(value, f"{path}: {where}"))
-    if not rows:
-        raise DataError(f"{path}: no rows (the split is empty)")
+    present = set().union(*(value.keys() for value, _ in records))
+    return read_rows(records, str(path), present, columns)
+
+
+def read_rows(records: list[tuple[dict, str]], what: str, present: set[str],
+              columns: dict[str, str] | None = None) -> datasets.Dataset:
+    """The rows (value, where) of a file or data set `what` whose columns are `present`, in the text form
+    (read_pair), their columns first renamed by `columns` ({field: column}): a column that `present` lacks is a
+    DataError naming its flag."""
+    if not records:
+        raise DataError(f"{what}: no rows (the split is empty)")
+    columns = columns or {}
+    for field, column in columns.items():
+        if column not in present:
+            raise DataError(f"{what}: no column '{column}' (named by {column_flag(field)}); its columns: "
+                            f"{', '.join(sorted(present))}")
+    rows = []
+    for value, where in records:
+        _check_strings(value, f"{what}: {where}")
+        rows.append(_read_renamed(value, f"{what}: {where}", columns))
     return datasets.Dataset.from_list(rows)
+
+
+def _read_renamed(value: dict, where: str, columns: dict[str, str]) -> dict:
+    """read_pair of the row with its columns renamed to the fields ({field: column}: a field's own column, if
+    the row has one, gives way); its errors name the row's column and flag instead of the field."""
+    if not columns:
+        return read_pair(value, where)
+    renamed = {key: item for key, item in value.items() if key not in columns and key not in columns.values()}
+    renamed.update({field: value[column] for field, column in columns.items() if column in value})
+    try:
+        return read_pair(renamed, where)
+    except DataError as err:
+        def named(match):
+            field = match.group(1)
+            return f"field '{columns[field]}' ({column_flag(field)})" if field in columns else match.group(0)
+
+        raise DataError(re.sub(r"field '(\w+)'", named, str(err))) from None
 
 
 def _files_digest(*paths: Path) -> str:
@@ -266,6 +306,20 @@ class RawDataset:
 # --------------------------------------------------------------------------- hub
 
 
+def load_hub(name: str) -> datasets.DatasetDict:
+    """`datasets.load_dataset(name)`: from the hub, or offline (HF_DATASETS_OFFLINE=1) from the Hugging Face cache;
+    a failure is one DataError line."""
+    try:
+        return datasets.load_dataset(name)
+    except Exception as exc:  # offline / not found / any hub failure: one line for the user
+        raise DataError(
+            f"data set '{name}' could not be downloaded from the Hugging Face hub nor read from its cache "
+            f"({type(exc).__name__}: {_one_line(exc, 160)}); offline, a data set in the Hugging Face cache, a "
+            f"save_to_disk folder, a local path (a directory with train.json and eval.json, or a .json/.jsonl "
+            f"file) or 'builtin' works"
+        ) from exc
+
+
 class HubDataset(RawDataset):
     """A data set from the Hugging Face hub, or the same schema passed in as `raw=`."""
 
@@ -285,14 +339,7 @@ class HubDataset(RawDataset):
         self._split: tuple[list[int], list[int]] | None = None
 
     def _load(self) -> datasets.DatasetDict:
-        try:
-            return datasets.load_dataset(self.name)
-        except Exception as exc:  # offline / not found / any hub failure: one line for the user
-            raise DataError(
-                f"data set '{self.name}' could not be downloaded from the Hugging Face hub "
-                f"({type(exc).__name__}: {_one_line(exc, 120)}); offline, a local path "
-                f"(a directory with train.json and eval.json, or a .json/.jsonl file) or 'builtin' works"
-            ) from exc
+        return load_hub(self.name)
 
     def _usable_train_indices(self) -> list[int]:
         """Rows of the train split that can be used (all, unless a subclass filters)."""
@@ -492,43 +539,8 @@ def _split_file(directory: Path, stem: str) -> Path:
     return present[0]
 
 
-class LocalJsonFile(FieldsAsWritten, RawDataset):
-    """Local prompt/chosen/rejected rows, used verbatim (see the module docstring for the format).
-
-    `path` is a directory holding train.json and eval.json (either may be .jsonl instead),
-    or a single .json/.jsonl file which is split 9:1 with `seed`. `name` is the registry
-    name (default: the path as given). `clean_name` carries a digest of the resolved paths
-    and the file contents, so caches keyed on it go stale when the data is edited.
-    Files are read and validated when the object is made.
-    """
-
-    def __init__(self, path: str | os.PathLike, seed: int = BUILTIN_SEED, name: str | None = None):
-        super().__init__(seed)
-        self.path = Path(os.path.expanduser(str(path)))
-        self.name = name if name is not None else str(path)
-        if self.path.is_dir():
-            self.train_file = _split_file(self.path, "train")
-            self.eval_file: Path | None = _split_file(self.path, "eval")
-            self._train = read_local_split(self.train_file)
-            self._eval = read_local_split(self.eval_file)
-            files = (self.train_file, self.eval_file)
-        elif self.path.is_file():
-            if self.path.suffix.lower() not in LOCAL_SUFFIXES:
-                raise DataError(f"{self.path}: unsupported file type '{self.path.suffix}'; "
-                                f"expected a .json, .jsonl or .parquet file, or a directory with train.json and "
-                                f"eval.json")
-            self.train_file, self.eval_file = self.path, None
-            rows = read_local_split(self.path)
-            train, evl = split_train_eval(len(rows), seed, str(self.path))
-            self._train = rows.select(train, keep_in_memory=True)
-            self._eval = rows.select(evl, keep_in_memory=True)
-            files = (self.path,)
-        elif self.path.exists():
-            regular_file(self.path)  # a named pipe, a device: refused by name
-        else:
-            raise DataError(f"{self.path}: no such file or directory")
-        label = self.path.stem if self.path.is_file() else self.path.resolve().name
-        self.clean_name = f"local_{_safe(label)}_{_files_digest(*files)}"
+class ShapedRows(FieldsAsWritten):
+    """Rows read into the text form by read_rows (`_train`, `_eval`): a row without an answer has None there."""
 
     def get_train_data(self):
         return self._train
@@ -541,6 +553,100 @@ class LocalJsonFile(FieldsAsWritten, RawDataset):
 
     def get_rejected(self, sample):
         return None if sample["rejected"] is None else super().get_rejected(sample)
+
+
+class LocalJsonFile(ShapedRows, RawDataset):
+    """Local prompt/chosen/rejected rows, used verbatim (see the module docstring for the format).
+
+    `path` is a directory holding train.json and eval.json (either may be .jsonl instead),
+    or a single .json/.jsonl file which is split 9:1 with `seed`. `name` is the registry
+    name (default: the path as given). `clean_name` carries a digest of the resolved paths
+    and the file contents, so caches keyed on it go stale when the data is edited.
+    Files are read and validated when the object is made.
+    """
+
+    def __init__(self, path: str | os.PathLike, seed: int = BUILTIN_SEED, name: str | None = None,
+                 columns: dict[str, str] | None = None):
+        super().__init__(seed)
+        self.path = Path(os.path.expanduser(str(path)))
+        self.name = name if name is not None else str(path)
+        if self.path.is_dir():
+            self.train_file = _split_file(self.path, "train")
+            self.eval_file: Path | None = _split_file(self.path, "eval")
+            self._train = read_local_split(self.train_file, columns)
+            self._eval = read_local_split(self.eval_file, columns)
+            files = (self.train_file, self.eval_file)
+        elif self.path.is_file():
+            if self.path.suffix.lower() not in LOCAL_SUFFIXES:
+                raise DataError(f"{self.path}: unsupported file type '{self.path.suffix}'; "
+                                f"expected a .json, .jsonl or .parquet file, or a directory with train.json and "
+                                f"eval.json")
+            self.train_file, self.eval_file = self.path, None
+            rows = read_local_split(self.path, columns)
+            train, evl = split_train_eval(len(rows), seed, str(self.path))
+            self._train = rows.select(train, keep_in_memory=True)
+            self._eval = rows.select(evl, keep_in_memory=True)
+            files = (self.path,)
+        elif self.path.exists():
+            regular_file(self.path)  # a named pipe, a device: refused by name
+        else:
+            raise DataError(f"{self.path}: no such file or directory")
+        label = self.path.stem if self.path.is_file() else self.path.resolve().name
+        self.clean_name = f"local_{_safe(label)}_{_files_digest(*files)}"
+
+
+EVAL_SPLITS = ("test", "validation", "eval")
+"""The splits a loaded data set's eval split is taken from, the first it has (else its train split is split 9:1)."""
+
+
+def is_saved_dataset(path: str | os.PathLike) -> bool:
+    """Whether `path` is a folder `datasets` wrote with save_to_disk (a DatasetDict's or a Dataset's)."""
+    path = Path(path)
+    return (path / "dataset_dict.json").is_file() or ((path / "state.json").is_file()
+                                                     and (path / "dataset_info.json").is_file())
+
+
+class LoadedDataset(ShapedRows, RawDataset):
+    """A data set `datasets` loads: a hub name (`load_dataset`, offline from the Hugging Face cache) or a
+    save_to_disk folder (`load_from_disk`), read row by row as local files are (the shapes of
+    utils/data/pair_formats.py, columns renamed by `columns`: {field: column}).
+
+    The train split is `train` (or the only split there is); the eval split the first of EVAL_SPLITS it has,
+    else the train split is split 9:1 with `seed`."""
+
+    def __init__(self, name: str, loaded: datasets.DatasetDict | datasets.Dataset, seed: int = BUILTIN_SEED,
+                 columns: dict[str, str] | None = None):
+        super().__init__(seed)
+        self.name = name
+        splits = {"train": loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
+        train = "train" if "train" in splits else next(iter(splits)) if len(splits) == 1 else None
+        if train is None:
+            raise DataError(f"{name}: no 'train' split (it has: {', '.join(splits) or 'none'})")
+        evaluation = next((split for split in EVAL_SPLITS if split in splits and split != train), None)
+        self._train = self._read(splits[train], train, columns)
+        if evaluation is None:
+            train_rows, eval_rows = split_train_eval(len(self._train), seed, f"{name} {train} split")
+            self._train, self._eval = (self._train.select(rows, keep_in_memory=True)
+                                       for rows in (train_rows, eval_rows))
+        else:
+            self._eval = self._read(splits[evaluation], evaluation, columns)
+        fingerprints = [getattr(splits[split], "_fingerprint", "") for split in (train, evaluation) if split]
+        digest = hashlib.sha256(json.dumps([name, fingerprints]).encode()).hexdigest()[:10]
+        self.clean_name = f"loaded_{_safe(name)}_{digest}"
+
+    def _read(self, split: datasets.Dataset, split_name: str, columns: dict[str, str] | None) -> datasets.Dataset:
+        return read_rows([(row, f"row {i}") for i, row in enumerate(split)], f"{self.name}: {split_name} split",
+                         set(split.column_names), columns)
+
+    @classmethod
+    def from_disk(cls, path: str, seed: int = BUILTIN_SEED, columns: dict[str, str] | None = None):
+        """A save_to_disk folder (`is_saved_dataset`)."""
+        try:
+            loaded = datasets.load_from_disk(os.path.expanduser(path))
+        except Exception as exc:  # a damaged folder: its JSON or Arrow files
+            raise DataError(f"{path}: not a readable save_to_disk folder ({type(exc).__name__}: "
+                            f"{_one_line(exc, 160)})") from None
+        return cls(path, loaded, seed, columns)
 
 
 # --------------------------------------------------------------------------- builtin

@@ -89,12 +89,13 @@ def judged_pairs(prompts, answers, scores, counts):
     return rows
 
 
-def part_prompts(data_paths, data_split, train_phase, seed, output_path, split_name):
-    """The prompts of part `train_phase` of `data_split` of each data set's `split_name` split, in the order the
-    step of that phase reads its rows (`utils.data.data_utils.split_part_indices`)."""
+def part_prompts(data_paths, data_split, train_phase, seed, output_path, split_name, columns=None):
+    """The prompts of part `train_phase` of `data_split` of each data set's `split_name` split (its columns renamed
+    by `columns`: get_raw_dataset), in the order the step of that phase reads its rows
+    (`utils.data.data_utils.split_part_indices`)."""
     prompts = []
     for data_path in data_paths:
-        raw = get_raw_dataset(data_path, seed)
+        raw = get_raw_dataset(data_path, seed, columns)
         rows = raw.get_train_data() if split_name == "train" else raw.get_eval_data()
         if rows is None:
             continue

@@ -43,15 +43,66 @@ def add_data_args(parser, default_max_seq_len=256, data_path_nargs="*"):
     group.add_argument("--max_auto_len", type=int, default=None,
                        help="The most tokens a length flag's auto may take: a bound of memory and time (default: "
                             "the model's context as its tokenizer states it).")
+    add_column_args(parser)
     return group
+
+
+COLUMN_FLAG_SUFFIX = "_key"
+
+
+def add_column_args(parser):
+    """The "data columns" group: --<field>_key names the column of the user's data holding field <field> of the
+    row shapes (utils/data/pair_formats.py); the columns are renamed to the fields before the shape is read."""
+    group = parser.add_argument_group(
+        "data columns", "Which columns of a local file, a hub data set or a save_to_disk folder hold the fields of "
+                        "the row shapes (as OpenRLHF's --prompt_key; default: the field's own name). Not for the "
+                        "DeepSpeed-Chat registry names, builtin or reasoning_gym, whose fields are fixed.")
+    group.add_argument("--prompt_key", default=None, metavar="COLUMN",
+                       help="The column holding the prompt (a string, or a list of chat messages).")
+    group.add_argument("--chosen_key", default=None, metavar="COLUMN",
+                       help="The column holding the chosen answer (or the whole chosen dialogue or conversation).")
+    group.add_argument("--rejected_key", default=None, metavar="COLUMN",
+                       help="The column holding the rejected answer (or the whole rejected dialogue or "
+                            "conversation).")
+    group.add_argument("--completion_key", default=None, metavar="COLUMN",
+                       help="The column holding a prompt's one answer (TRL's prompt-completion form, as SFT data; "
+                            "KTO's labelled answer).")
+    group.add_argument("--label_key", default=None, metavar="COLUMN",
+                       help="The column holding KTO's label: true for a desirable completion, false for an "
+                            "undesirable one.")
+    group.add_argument("--messages_key", default=None, metavar="COLUMN",
+                       help="The column holding a whole chat (a list of messages) whose last message is the answer.")
+    return group
+
+
+def column_flag(field):
+    """The flag that names the column of `field`: --prompt_key for prompt."""
+    return f"--{field}{COLUMN_FLAG_SUFFIX}"
+
+
+def column_keys(args):
+    """{field: column} of the data-columns flags given (`--prompt_key question`: {"prompt": "question"}); two
+    fields in one column are refused."""
+    keys = {dest[:-len(COLUMN_FLAG_SUFFIX)]: column for dest, column in sorted(vars(args).items())
+            if dest.endswith(COLUMN_FLAG_SUFFIX) and column is not None}
+    fields = {}
+    for field, column in keys.items():
+        if not column:
+            raise ConfigError(f"{column_flag(field)} must name a column, not an empty string")
+        if column in fields:
+            raise ConfigError(f"{column_flag(fields[column])} and {column_flag(field)} both name column '{column}'; "
+                              "a column holds one field")
+        fields[column] = field
+    return keys
 
 
 def add_data_path_arg(group, nargs="*", help=None):
     group.add_argument("--data_path", nargs=nargs, default=["builtin"],
                        help=help or "Data sets: DeepSpeed-Chat registry names (e.g. Dahoas/rm-static), local/jsonfile, "
-                                    "a local folder or .json/.jsonl file, 'builtin' (the built-in task, offline), or "
-                                    "reasoning-gym tasks, 'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym "
-                                    "extra).")
+                                    "a local folder or .json/.jsonl/.parquet file, a save_to_disk folder, any hub "
+                                    "data set datasets.load_dataset reads (offline: from the Hugging Face cache), "
+                                    "'builtin' (the built-in task, offline), or reasoning-gym tasks, "
+                                    "'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym extra).")
 
 
 def add_max_seq_len_arg(group, default=256, auto=True, default_help="%(default)s"):
@@ -413,6 +464,7 @@ def check_common_args(args):
     data_output_path = getattr(args, "data_output_path", None)
     if data_output_path and Path(data_output_path).exists() and not Path(data_output_path).is_dir():
         raise ConfigError(f"--data_output_path {data_output_path} is a file, not a folder")
+    column_keys(args)
     if not args.output_dir:
         raise ConfigError("--output_dir is required")
 

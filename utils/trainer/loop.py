@@ -8,7 +8,7 @@ import torch
 from utils.data.data_utils import create_prompt_dataset, data_bound, data_metrics, fit_auto_lengths, make_dataloader
 from utils.model.model_utils import count_parameters, load_tokenizer
 from utils.model.save import save_hf_model
-from utils.runtime.args import training_flags
+from utils.runtime.args import column_keys, training_flags
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.progress import eval_batches, progress
 from utils.trainer.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
@@ -26,7 +26,7 @@ def step_data(args, phase, inputs, unpaired=False):
     tokenizer = load_tokenizer(inputs["--model_name_or_path"], args.trust_remote_code)
     def build(max_seq_len):
         return create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, phase, args.seed,
-                                     tokenizer, max_seq_len, unpaired=unpaired)
+                                     tokenizer, max_seq_len, unpaired=unpaired, columns=column_keys(args))
 
     train_dataset, eval_dataset = build(data_bound(args.max_seq_len))
     fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset, rebuild=build)

@@ -167,14 +167,15 @@ def test_pairs_mode_prints_accuracy(reward_dir, tmp_path):
             for a, r in ((3, " 7"), (5, " I don't know."), (8, " 16 Human:"), (9, " 18"), (11, " 22"))]
     rows[3]["rejected"] = rows[3]["chosen"]                          # identical: skipped
     rows[4]["rejected"] = " " + "and so on " * 40                    # longer than --max_seq_len: skipped
+    no_answer = {"prompt": task.format_prompt("What is 1 + 1?")}      # a prompt alone: skipped
     pairs_file = tmp_path / "pairs.jsonl"
-    pairs_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    pairs_file.write_text("".join(json.dumps(row) + "\n" for row in rows + [no_answer]))
     # No --max_seq_len: the reward model's own training length (64, saved with it) applies.
     result = run(STEP_DIR / "rw_eval.py", "--model_name_or_path", reward_dir, "--pairs_file", pairs_file,
                  "--num_examples", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "(--max_seq_len 64)" in result.stdout
-    assert "(skipped: 1 identical chosen and rejected, 1 longer than --max_seq_len)" in result.stdout
+    assert "(skipped: 1 identical chosen and rejected, 1 longer than --max_seq_len, 1 no answer)" in result.stdout
     assert len([line for line in result.stdout.splitlines() if line.startswith("' Human:")]) == 2
 
     model, tokenizer = load_reward_model(str(reward_dir))

@@ -41,6 +41,15 @@ def test_whole_dialogues_whose_answers_share_a_start_still_cut_at_the_assistant_
     assert pair == {"prompt": "Human: 2+2? Assistant:", "chosen": " 4, surely", "rejected": " 4, maybe"}
 
 
+def test_a_dialogue_whose_final_answer_is_empty_has_no_answer_on_that_side():
+    """HH-RLHF has rows whose last assistant turn is empty: that answer is None (a step that needs it skips the
+    row and counts it), the prompt and the other answer are kept."""
+    assert read_pair({"chosen": "Human: a Assistant: b", "rejected": "Human: a Assistant:  "}, WHERE) == \
+        {"prompt": "Human: a Assistant:", "chosen": " b", "rejected": None}
+    assert read_pair({"chosen": "Human: a Assistant:", "rejected": "Human: a Assistant: c"}, WHERE) == \
+        {"prompt": "Human: a Assistant:", "chosen": None, "rejected": " c"}
+
+
 def test_messages_with_the_prompt_as_messages_and_the_answers_alone():
     """TRL's conversational preference form."""
     row = {"prompt": [{"role": "system", "content": "Be brief."}, user("Hi"), assistant("Hello."), user("2+2?")],
@@ -74,8 +83,6 @@ def test_a_prompt_string_with_answer_messages():
     ({"prompt": "p", "rejected": "r"}, "missing field 'chosen'"),
     ({"chosen": "Human: a Assistant: b", "rejected": "Human: x Assistant: y"},
      "missing field 'prompt', and 'chosen' and 'rejected' share no dialogue up to an 'Assistant:'"),
-    ({"chosen": "Human: a Assistant: b", "rejected": "Human: a Assistant:"},
-     "field 'rejected' has no answer after the shared prompt"),
     ({"prompt": "p", "chosen": [assistant("a")], "rejected": "r"}, "field 'rejected' must be a non-empty list"),
     ({"prompt": "p", "chosen": [], "rejected": [assistant("r")]}, "field 'chosen' must be a non-empty list"),
     ({"prompt": "p", "chosen": [{"role": "bot", "content": "a"}], "rejected": [assistant("r")]},
