@@ -129,8 +129,9 @@ def write_pairs(output_dir, num_train, num_eval, seed=0):
 
 
 def rows_kept(data_dir, phase, max_seq_len, tokenizer, cache_dir, data_split="2,4,4", seed=1234):
-    """({split: (rows read, rows kept)}, the length used) of phase `phase` (1: SFT, 2: pairs) of `data_dir` at
-    `max_seq_len` (a number, or `auto`, `auto:max`, `auto:P`), as the steps build it. Where a split keeps no row
+    """({split: (rows read, rows kept, rows kept with earlier turns dropped)}, the length used) of phase `phase` (1:
+    SFT, 2: pairs) of `data_dir` at `max_seq_len` (a number, or `auto`, `auto:max`, `auto:P`), as the steps build
+    it. Where a split keeps no row
     (the step would stop with an error), the rows kept are counted on the data built unbounded: those within
     `max_seq_len` whole (sample_length), the rule the steps apply."""
     from argparse import Namespace
@@ -141,14 +142,18 @@ def rows_kept(data_dir, phase, max_seq_len, tokenizer, cache_dir, data_split="2,
     build = [str(data_dir)], data_split, str(cache_dir), phase, seed, tokenizer
     whole, whole_eval = create_prompt_dataset(*build, None)  # every row that has what the phase needs
     read = {split: whole.counts[split]["read"] for split in ("train", "eval")}
+    def bounded(limit):
+        return create_prompt_dataset(*build, limit)
+
     try:
-        train, evaluation = create_prompt_dataset(*build, data_bound(max_seq_len))
+        train, evaluation = bounded(data_bound(max_seq_len))
         args = Namespace(seed=seed, max_seq_len=max_seq_len)
-        fit_auto_lengths(args, [str(data_dir)], tokenizer, train, evaluation)
+        fit_auto_lengths(args, [str(data_dir)], tokenizer, train, evaluation, rebuild=bounded)
     except DataError:
-        return {split: (read[split], sum(sample_length(sample) <= max_seq_len for sample in dataset))
+        return {split: (read[split], sum(sample_length(sample) <= max_seq_len for sample in dataset), 0)
                 for split, dataset in (("train", whole), ("eval", whole_eval))}, max_seq_len
-    return {split: (read[split], train.counts[split]["kept"]) for split in read}, args.max_seq_len
+    return {split: (read[split], train.counts[split]["kept"], train.counts[split].get("trimmed", 0))
+            for split in read}, args.max_seq_len
 
 
 def measure(data_dir, lengths, model, cache_dir):
@@ -163,7 +168,8 @@ def measure(data_dir, lengths, model, cache_dir):
     for phase, step in ((1, "1 SFT"), (2, "2 reward model / DPO")):
         for length in lengths:
             counts, used = rows_kept(data_dir, phase, length, tokenizer, cache_dir)
-            cells = [f"{kept} / {read} ({kept / read:.0%})" for read, kept in (counts["train"], counts["eval"])]
+            cells = [f"{kept} / {read} ({kept / read:.0%}; {trimmed} with earlier turns dropped)"
+                     for read, kept, trimmed in (counts["train"], counts["eval"])]
             lines.append(f"| {step} | {length} | {used} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 

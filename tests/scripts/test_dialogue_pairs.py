@@ -24,9 +24,13 @@ def test_rows_kept_at_a_fixed_length_and_at_auto(tmp_path, tiny_tokenizer):
     assert json.loads((data / "eval.jsonl").read_text().splitlines()[0]).keys() == {"chosen", "rejected"}
     cache = tmp_path / "cache"
     fixed, used = rows_kept(data, 1, 64, tiny_tokenizer, cache)
-    assert used == 64 and fixed == {"train": (60, 0), "eval": (12, 0)}  # 2,4,4: part 1 is a fifth; none fits 64
-    assert rows_kept(data, 1, 256, tiny_tokenizer, cache)[0]["train"][1] > 0
+    # 2,4,4: part 1 is a fifth; not even a last turn and its answer fit 64 of the tiny model's tokens
+    assert used == 64 and fixed == {"train": (60, 0, 0), "eval": (12, 0, 0)}
+    read, kept, trimmed = rows_kept(data, 1, 256, tiny_tokenizer, cache)[0]["train"]
+    assert read == 60 and 0 < trimmed <= kept < 60  # dialogues kept by their last turns, the longest still too long
     auto, used = rows_kept(data, 1, "auto", tiny_tokenizer, cache)
-    assert 64 < used <= 512 and auto["train"][0] == 60 and 0.9 * 60 <= auto["train"][1] < 60
+    assert 64 < used <= 512 and auto["train"][0] == 60 and 0.95 * 60 <= auto["train"][1]
+    assert 0 < auto["train"][2] <= 0.05 * 60 + 1  # the rows over the 95th percentile keep their last turns
     pairs, used = rows_kept(data, 2, "auto:max", tiny_tokenizer, cache)
-    assert pairs["train"][0] == 120 and pairs["train"][1] <= 120 and used <= 512  # the tiny model's context caps
+    assert pairs["train"][0] == 120 and pairs["train"][2] <= pairs["train"][1] <= 120 and used <= 512  # the
+    # tiny model's context caps the longest
