@@ -175,7 +175,7 @@ def parse_args(argv=None):
     if args.reward_from_sft is None:
         args.reward_from_sft = args.reward_model == args.actor_model
     args.report_to = resolve_report_to(args.report_to, flag="--report-to")
-    args.run_group = run_group(args)
+    args.run_group = run_group(args) if any(TRACKERS[name].grouped for name in args.report_to) else None
     if not data_set_by_step:  # else the steps' own data decides what reasoning_gym scores
         from utils.rl.reward_fns import check_reward_fn  # loads datasets: --help and flag errors answer first
 
@@ -220,8 +220,8 @@ def check_args(args):
 
 
 def run_group(args):
-    """The group of the stages' tracker runs: <output-dir's name>-<start time>, or with --resume the group the run
-    it resumes kept in <output-dir>/run_group."""
+    """The group of the stages' W&B and MLflow runs: <output-dir's name>-<start time>, or with --resume the group the
+    run it resumes kept in <output-dir>/run_group."""
     path = Path(args.output_dir) / RUN_GROUP_FILE
     if args.resume and path.is_file():
         group = path.read_text().strip()
@@ -384,7 +384,8 @@ def main(argv=None):
     check_round_flags(args, runs)
     if not args.dry_run:
         check_inputs(args, runs, selected)
-        (Path(args.output_dir) / RUN_GROUP_FILE).write_text(args.run_group + "\n")
+        if args.run_group:
+            (Path(args.output_dir) / RUN_GROUP_FILE).write_text(args.run_group + "\n")
     wall_times = {}
     for run in selected:
         wall_times[run.name] = run_stage(args, run)

@@ -244,8 +244,9 @@ def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win(tmp_path, mon
 
 
 def test_every_stage_of_one_run_reports_to_the_trackers_asked_in_one_group(tmp_path):
-    """One group per train.py run, named after --output-dir, passed to every stage with the trackers and their
-    folders under --output-dir; --resume goes on in the group the run it resumes kept; `none` turns them off."""
+    """One group per train.py run for W&B and MLflow, named after --output-dir, passed to every stage with the
+    trackers and their folders under --output-dir; --resume goes on in the group the run it resumes kept; `none`
+    turns them off."""
     out = tmp_path / "my out"
     argv = ["--output-dir", str(out), "--algorithm", "dpo", "--pair-judge", "none", "--report-to", "wandb", "mlflow"]
     args = train.parse_args(argv)
@@ -264,8 +265,9 @@ def test_every_stage_of_one_run_reports_to_the_trackers_asked_in_one_group(tmp_p
     assert train.parse_args(argv).run_group != "my-out-20250101-000000"  # a new run, a new group
     plain, _ = commands("--report-to", "none")
     assert all(flag(command, "--report_to") == "none" for command in plain.values())
-    default, _ = commands()
-    assert all(flag(command, "--report_to") == "tensorboard" for command in default.values())
+    default, _ = commands()  # TensorBoard alone: its folders group the stages, no group to keep
+    assert all(flag(command, "--report_to") == "tensorboard" and "--run_group" not in command
+               for command in default.values())
 
 
 def test_per_model_zero_stages_override_the_pipeline_one():

@@ -258,8 +258,8 @@ def pipeline_flags(args):
     # Every stage logs under one TensorBoard folder (`tensorboard --logdir <output-dir>/tensorboard`), and its W&B
     # and MLflow runs under <output-dir>/wandb and <output-dir>/mlruns, grouped as one pipeline.
     flags = ["--report_to", *(args.report_to or [NONE]), "--tensorboard_path",
-             str(Path(args.output_dir) / "tensorboard"), "--tracking_dir", str(args.output_dir), "--run_group",
-             args.run_group]
+             str(Path(args.output_dir) / "tensorboard"), "--tracking_dir", str(args.output_dir)]
+    flags += ["--run_group", args.run_group] if args.run_group else []
     flags += ["--save_steps", str(args.save_steps)] if args.save_steps else []
     flags += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
     return flags + script_flags(args)

@@ -1,14 +1,16 @@
 """Where a run's scalars go besides the console: the trackers of `--report_to`, as the Hugging Face Trainer names
 them (TRACKERS: tensorboard, wandb, mlflow; several at once; `none`).
 
-Each tracker opens one run for a step (`open(run_name, config, settings)`), takes scalars at an optimizer step
-(`log(step, {name: float})`) and the run's flags once (at open), and closes. None of them needs a server:
+Each tracker is a class made with (run_name, config, settings): it opens one run for a step and logs the step's
+flags (`config`) once, takes scalars at an optimizer step (`log(step, {name: float})`), and `close()`s the run.
+None of them needs a server:
 
 - tensorboard: event files under `<--tensorboard_path>/<run_name>`.
 - wandb: an offline run (WANDB_MODE=offline unless WANDB_MODE is set) under `<--tracking_dir>/wandb/` (WANDB_DIR
   wins), in project WANDB_PROJECT (default chatrlhf); `wandb sync <its folder>` uploads it later.
 - mlflow: a run in experiment MLFLOW_EXPERIMENT_NAME (default chatrlhf) of the local file store
-  `<--tracking_dir>/mlruns` (MLFLOW_TRACKING_URI wins); `mlflow ui --backend-store-uri <that folder>` shows it.
+  `<--tracking_dir>/mlruns` (MLFLOW_TRACKING_URI wins); `MLFLOW_ALLOW_FILE_STORE=true mlflow ui
+  --backend-store-uri <that folder>` shows it (with `pip install mlflow`: the extra installs the client alone).
 
 `--run_group` (train.py passes one per pipeline) groups the runs of a pipeline's stages: W&B's `group`, and in
 MLflow a parent run of that name with each stage's run nested under it, all tagged `run_group`.
@@ -119,19 +121,21 @@ class MlflowTracker:
 
 @dataclass(frozen=True)
 class Tracker:
-    """One --report_to backend: its class, the module it needs, and the setup.py extra that installs it ("": a
-    dependency of chatrlhf itself)."""
+    """One --report_to backend: its class, the module it needs, the setup.py extra that installs it ("": a
+    dependency of chatrlhf itself), and whether its runs take --run_group (TensorBoard's folders group them)."""
     make: type
     module: str
     extra: str
+    grouped: bool
     help: str
 
 
 TRACKERS = {
-    "tensorboard": Tracker(TensorBoardTracker, "tensorboard", "", "TensorBoard event files under --tensorboard_path"),
-    "wandb": Tracker(WandbTracker, "wandb", "wandb", "a Weights & Biases run, offline unless WANDB_MODE says "
+    "tensorboard": Tracker(TensorBoardTracker, "tensorboard", "", False,
+                           "TensorBoard event files under --tensorboard_path"),
+    "wandb": Tracker(WandbTracker, "wandb", "wandb", True, "a Weights & Biases run, offline unless WANDB_MODE says "
                      "otherwise, under <--tracking_dir>/wandb (`wandb sync` uploads it)"),
-    "mlflow": Tracker(MlflowTracker, "mlflow", "mlflow", "an MLflow run in the local file store "
+    "mlflow": Tracker(MlflowTracker, "mlflow", "mlflow", True, "an MLflow run in the local file store "
                       "<--tracking_dir>/mlruns unless MLFLOW_TRACKING_URI is set"),
 }
 
