@@ -40,6 +40,7 @@ from utils.runtime.args import column_keys
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
 from utils.runtime.paths import FolderLock
+from utils.runtime.trackers import NONE, TRACKERS, check_run_group, resolve_report_to
 
 DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
 LOG_TAIL_LINES = 20
@@ -50,6 +51,8 @@ DATA_NOTICE = re.compile(r"^WARNING: |\(skipped: | [1-9][0-9]* skipped ")
 # How long an interrupted step may take to finish a checkpoint and exit before it is killed (DeepSpeed's launcher
 # gives its ranks 30 s after a SIGTERM).
 CHILD_EXIT_TIMEOUT = 120
+RUN_GROUP_FILE = "run_group"
+"""Under --output-dir: the pipeline's group of tracker runs, which --resume goes on in."""
 
 
 def build_parser():
@@ -136,6 +139,12 @@ def build_parser():
     parser.add_argument("--overwrite-output-dir", action="store_true",
                         help="Each step starts over in a folder holding an earlier run's checkpoints, deleting them "
                              "(without it, or --resume, a step refuses such a folder).")
+    parser.add_argument("--report-to", nargs="+", choices=(*TRACKERS, NONE), default=["tensorboard"],
+                        metavar="TRACKER",
+                        help=f"Every stage's --report_to, one or more of {', '.join(TRACKERS)} (under "
+                             f"<output-dir>/tensorboard, wandb, mlruns; W&B offline), or {NONE}; the stages' W&B "
+                             "and MLflow runs are grouped as one pipeline (utils/runtime/trackers.py). Default "
+                             "tensorboard.")
     parser.add_argument("--no-eval", action="store_true", help="Skip the side-by-side evaluation at the end.")
     parser.add_argument("--eval-prompts", type=int, default=None,
                         help="The closing evaluation answers the first N held-out prompts (prompt_eval.py's "
@@ -178,6 +187,8 @@ def parse_args(argv=None):
     args.reward_zero_stage = stage if args.reward_zero_stage is None else args.reward_zero_stage
     if args.reward_from_sft is None:
         args.reward_from_sft = args.reward_model == args.actor_model
+    args.report_to = resolve_report_to(args.report_to, flag="--report-to")
+    args.run_group = run_group(args) if any(TRACKERS[name].grouped for name in args.report_to) else None
     if not data_set_by_step:  # else the steps' own data decides what reasoning_gym scores
         from utils.rl.reward_fns import check_reward_fn  # loads datasets: --help and flag errors answer first
 
@@ -223,6 +234,18 @@ def check_args(args):
     if args.pair_judge and args.reward_fn:
         raise ConfigError("--pair-judge makes the reward model's pairs, but with --reward-fn there is no reward "
                           "model; pass one of them")
+
+
+def run_group(args):
+    """The group of the stages' W&B and MLflow runs: <output-dir's name>-<start time>, or with --resume the group the
+    run it resumes kept in <output-dir>/run_group."""
+    path = Path(args.output_dir) / RUN_GROUP_FILE
+    if args.resume and path.is_file():
+        group = path.read_text().strip()
+        check_run_group(group, flag=str(path))
+        return group
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(args.output_dir).resolve().name)[:100]
+    return f"{name or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def stage_env():
@@ -378,6 +401,8 @@ def main(argv=None):
     check_round_flags(args, runs)
     if not args.dry_run:
         check_inputs(args, runs, selected)
+        if args.run_group:
+            (Path(args.output_dir) / RUN_GROUP_FILE).write_text(args.run_group + "\n")
     wall_times = {}
     for run in selected:
         wall_times[run.name] = run_stage(args, run)

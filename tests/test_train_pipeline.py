@@ -266,6 +266,33 @@ def test_data_column_flags_reach_every_stage_that_reads_the_data_and_the_evaluat
         commands("--algorithm", "grpo", "--reward-fn", "builtin", "--data-path", "qa.jsonl")  # without the flags
 
 
+def test_every_stage_of_one_run_reports_to_the_trackers_asked_in_one_group(tmp_path):
+    """One group per train.py run for W&B and MLflow, named after --output-dir, passed to every stage with the
+    trackers and their folders under --output-dir; --resume goes on in the group the run it resumes kept; `none`
+    turns them off."""
+    out = tmp_path / "my out"
+    argv = ["--output-dir", str(out), "--algorithm", "dpo", "--pair-judge", "none", "--report-to", "wandb", "mlflow"]
+    args = train.parse_args(argv)
+    stage_commands = {run.name: step_command(args, run) for run in plan(args)}
+    assert list(stage_commands) == ["sft", "dpo"]
+    groups = {flag(command, "--run_group") for command in stage_commands.values()}
+    assert groups == {args.run_group} and args.run_group.startswith("my-out-")
+    for command in stage_commands.values():
+        text = shlex.join(command)
+        assert f"--report_to wandb mlflow --tensorboard_path {shlex.quote(str(out / 'tensorboard'))}" in text
+        assert flag(command, "--tracking_dir") == str(out)
+    assert train.parse_args(argv).run_group.startswith("my-out-")
+    out.mkdir()
+    (out / train.RUN_GROUP_FILE).write_text("my-out-20250101-000000\n")
+    assert train.parse_args([*argv, "--resume"]).run_group == "my-out-20250101-000000"
+    assert train.parse_args(argv).run_group != "my-out-20250101-000000"  # a new run, a new group
+    plain, _ = commands("--report-to", "none")
+    assert all(flag(command, "--report_to") == "none" for command in plain.values())
+    default, _ = commands()  # TensorBoard alone: its folders group the stages, no group to keep
+    assert all(flag(command, "--report_to") == "tensorboard" and "--run_group" not in command
+               for command in default.values())
+
+
 def test_per_model_zero_stages_override_the_pipeline_one():
     stage_commands, _ = commands("--zero-stage", "2", "--reward-zero-stage", "3")
     assert flag(stage_commands["sft"], "--zero_stage") == "2" and flag(stage_commands["reward"], "--zero_stage") == "3"
@@ -279,7 +306,7 @@ def test_critic_free_stage_takes_step_3_recipe_then_its_own():
 
     text = shlex.join(stage_commands["rl"])
     step3, grpo = shlex.join(recipe_flags("tiny", 3)), shlex.join(recipe_flags("tiny", "grpo"))
-    assert f"{step3} {grpo} --enable_tensorboard" in text
+    assert f"{step3} {grpo} --report_to tensorboard" in text
 
 
 def test_a_reward_function_needs_a_critic_free_algorithm():

@@ -24,6 +24,7 @@ from training.recipes import recipe_flags
 from utils.rl.estimators import CRITIC_FREE, ESTIMATORS
 from utils.runtime.args import column_flag, column_keys
 from utils.runtime.errors import ConfigError, DataError
+from utils.runtime.trackers import NONE
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SCRIPT = ROOT / "training" / "step1_supervised_finetuning" / "prompt_eval.py"
@@ -254,10 +255,14 @@ def has_reference_answers(data_paths, columns=()):
 
 
 def pipeline_flags(args, data_columns=True):
-    """The flags every training stage gets from train.py: TensorBoard, checkpoints, the shared data and seed
-    settings (`data_columns`: with the data's columns, not for a stage that reads sampled pairs)."""
-    # Every stage logs under one TensorBoard folder: `tensorboard --logdir <output-dir>/tensorboard`.
-    flags = ["--enable_tensorboard", "--tensorboard_path", str(Path(args.output_dir) / "tensorboard")]
+    """The flags every training stage gets from train.py: its trackers (--report-to) in the pipeline's group,
+    checkpoints, the shared data and seed settings (`data_columns`: with the data's columns, not for a stage that
+    reads sampled pairs)."""
+    # Every stage logs under one TensorBoard folder (`tensorboard --logdir <output-dir>/tensorboard`), and its W&B
+    # and MLflow runs under <output-dir>/wandb and <output-dir>/mlruns, grouped as one pipeline.
+    flags = ["--report_to", *(args.report_to or [NONE]), "--tensorboard_path",
+             str(Path(args.output_dir) / "tensorboard"), "--tracking_dir", str(args.output_dir)]
+    flags += ["--run_group", args.run_group] if args.run_group else []
     flags += ["--save_steps", str(args.save_steps)] if args.save_steps else []
     flags += ["--overwrite_output_dir"] if args.overwrite_output_dir else []
     return flags + script_flags(args, data_columns)

@@ -8,6 +8,7 @@ from pathlib import Path
 from utils.runtime.ds_utils import DTYPES
 from utils.runtime.errors import (ArgumentParser,  # noqa: F401 (ArgumentParser: the CLIs import it from here)
                                   ConfigError)
+from utils.runtime.trackers import NONE, TRACKERS, check_run_group, resolve_report_to
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -322,10 +323,20 @@ def add_only_optimize_lora_arg(group):
 def add_logging_args(parser, default_tensorboard_path="step_tensorboard", default_print_interval=10,
                      steps="optimizer steps"):
     group = parser.add_argument_group("logging")
+    group.add_argument("--report_to", nargs="+", choices=(*TRACKERS, NONE), default=[NONE], metavar="TRACKER",
+                       help="Where the losses, learning rate, throughput and evaluations go besides the console, one "
+                            "or more of: " + registry_help(TRACKERS, "utils/runtime/trackers.py")[:-1]
+                            + f"; {NONE} (the default): none of them.")
     group.add_argument("--enable_tensorboard", action="store_true",
-                       help="Enable tensorboard logging (losses, learning rate, throughput, evaluations).")
+                       help="Add tensorboard to --report_to.")
     group.add_argument("--tensorboard_path", type=str, default=default_tensorboard_path,
                        help="Folder of the TensorBoard event files; default %(default)s.")
+    group.add_argument("--tracking_dir", type=str, default=None,
+                       help="Folder of the W&B offline runs (wandb/) and the MLflow file store (mlruns/) unless "
+                            "WANDB_DIR or MLFLOW_TRACKING_URI say otherwise; default --output_dir.")
+    group.add_argument("--run_group", type=str, default=None,
+                       help="Groups this run with the other stages of a pipeline (train.py passes one): its W&B "
+                            "group, its MLflow parent run; default none.")
     group.add_argument("--print_interval", type=int, default=default_print_interval,
                        help=f"{steps.capitalize()} between two loss/throughput lines; default %(default)s.")
     return group
@@ -360,9 +371,9 @@ def add_checkpoint_args(parser):
 # fast it runs, never the weights a run ends with (--compile: only by float rounding). Every other flag shapes
 # training and is checked against the checkpoint's.
 RESUME_MAY_CHANGE = ("resume", "overwrite_output_dir", "save_steps", "save_total_limit", "print_interval",
-                     "print_answers", "print_answers_interval", "enable_tensorboard", "tensorboard_path",
-                     "per_device_eval_batch_size", "eval_iters", "data_output_path", "local_rank", "deepspeed",
-                     "deepscale", "compile")
+                     "print_answers", "print_answers_interval", "report_to", "enable_tensorboard", "tensorboard_path",
+                     "tracking_dir", "run_group", "per_device_eval_batch_size", "eval_iters", "data_output_path",
+                     "local_rank", "deepspeed", "deepscale", "compile")
 
 
 def training_flags(args, step):
@@ -467,6 +478,8 @@ def check_common_args(args):
     column_keys(args)
     if not args.output_dir:
         raise ConfigError("--output_dir is required")
+    args.report_to = resolve_report_to(args.report_to, args.enable_tensorboard)
+    check_run_group(args.run_group)
 
 
 def check_output_file(flag, path):

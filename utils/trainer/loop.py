@@ -71,7 +71,7 @@ class LoopState:
         self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
                                          self.position, flags=self.flags)
         self.resumed = self.checkpointer.resume() if args.resume else None
-        self.monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, run_name)
+        self.monitor = Monitor(args, run_name)
         self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
 
     def evaluator(self, engine, evaluate):

@@ -1,31 +1,36 @@
-"""What a run reports: TensorBoard scalars, console lines, and throughput as DeepSpeed-Chat's
-`print_throughput` computes it (Megatron's FLOP formula)."""
+"""What a run reports: scalars to the trackers of --report_to (utils/runtime/trackers.py: TensorBoard, W&B,
+MLflow) and the console, and throughput as DeepSpeed-Chat's `print_throughput` computes it (Megatron's FLOP
+formula)."""
+import json
+
 from utils.data.packing import batch_counts
 from utils.runtime.dist import print_rank_0
 from utils.runtime.progress import is_rank_0
+from utils.runtime.trackers import TrackerSettings, open_trackers
 
 
 class Monitor:
-    """Scalars to TensorBoard (rank 0 only, under `<tensorboard_path>/<run_name>`) and to the console.
+    """Scalars to the trackers of --report_to (rank 0 only), each in a run `run_name` that holds the step's flags.
 
-    All three steps write under one `--tensorboard_path`, each in its own folder, so one TensorBoard shows the
-    curves of the whole pipeline."""
+    All steps of a pipeline write under one --tensorboard_path (each in its own folder, so one TensorBoard shows
+    the curves of the whole pipeline) and one --tracking_dir, their W&B and MLflow runs grouped by --run_group."""
 
-    def __init__(self, enabled, tensorboard_path, run_name):
-        self.writer = None
-        if enabled and is_rank_0():
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(log_dir=f"{tensorboard_path}/{run_name}")
+    def __init__(self, args, run_name):
+        self.trackers = []
+        if is_rank_0() and args.report_to:
+            config = json.loads(json.dumps(vars(args), default=str))
+            settings = TrackerSettings(args.tensorboard_path, args.tracking_dir or args.output_dir, args.run_group)
+            self.trackers = open_trackers(args.report_to, run_name, config, settings)
 
     def write(self, step, prefix, **values):
-        if self.writer is not None:
-            for name, value in values.items():
-                self.writer.add_scalar(f"{prefix}/{name}", float(value), step)
+        scalars = {f"{prefix}/{name}": float(value) for name, value in values.items()}
+        for tracker in self.trackers:
+            tracker.log(step, scalars)
 
     def close(self):
-        if self.writer is not None:
-            self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 def format_scalars(**values):
