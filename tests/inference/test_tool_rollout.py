@@ -8,7 +8,7 @@ import torch
 from inference.generation import tokenize_prompts
 from inference.tool_rollout import output_token_ids, run_calls, tool_rollout
 from utils.data.data_utils import attention_mask_left, pad_left
-from utils.data.tool_format import ToolFormat
+from utils.runtime.tool_format import ToolFormat
 from utils.model.model_utils import answer_logits
 from utils.rl.tokens import logprobs_from_logits
 from utils.runtime.sandbox import TOOLS, ToolResult

@@ -1,7 +1,7 @@
 """The text of tool calls and outputs (utils/data/tool_format.py)."""
 import pytest
 
-from utils.data.tool_format import ToolFormat
+from utils.runtime.tool_format import ToolFormat
 from utils.runtime.errors import ConfigError
 
 FORMAT = ToolFormat()
