@@ -43,11 +43,15 @@ class ToolRollout:
         return self.seq.shape[1] - self.action_mask.shape[1]
 
     def stats(self):
-        """{"tool_calls": mean calls per answer, "tool_call_rate": answers with at least one call,
-        "tool_success_rate": calls that ran cleanly (0 without a call)}."""
-        rows, calls = len(self.calls), sum(self.calls)
-        return {"tool_calls": calls / max(rows, 1), "tool_call_rate": sum(c > 0 for c in self.calls) / max(rows, 1),
-                "tool_success_rate": sum(self.successes) / calls if calls else 0.0}
+        return tool_stats(self.calls, self.successes)
+
+
+def tool_stats(calls, successes):
+    """{"tool_calls": mean calls per answer, "tool_call_rate": the share of answers with at least one call,
+    "tool_success_rate": the share of calls that ran cleanly (0 without a call)} of per-answer counts."""
+    rows, total = len(calls), sum(calls)
+    return {"tool_calls": total / max(rows, 1), "tool_call_rate": sum(c > 0 for c in calls) / max(rows, 1),
+            "tool_success_rate": sum(successes) / total if total else 0.0}
 
 
 class StopAtText:

@@ -71,3 +71,22 @@ class ToolFormat:
         """What the answer says in the end: the text after the last output block (all of it without one)."""
         end = text.rfind(self.output_close)
         return text if end < 0 else text[end + len(self.output_close):]
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tool settings of a run (--tools and its group, utils/runtime/args.py add_tool_args)."""
+    run: object  # run(code, timeout) -> utils.runtime.sandbox.ToolResult
+    format: ToolFormat
+    max_calls: int
+    timeout: float
+
+
+def tool_use(args):
+    """The ToolUse of parsed flags, or None without --tools (a ConfigError for bad --tool_tags)."""
+    from utils.runtime.sandbox import TOOLS
+
+    if not getattr(args, "tools", None):
+        return None
+    return ToolUse(TOOLS[args.tools].run, ToolFormat.from_tags(args.tool_tags), args.max_tool_calls,
+                   args.tool_timeout)
