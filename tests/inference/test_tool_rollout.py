@@ -116,3 +116,40 @@ def test_the_real_sandbox_answers_a_call_and_special_tokens_are_taken_out(tiny_t
     assert not missing.ok and "no <tool>" in missing.output
     ids = output_token_ids(tiny_tokenizer, f"<output>1{tiny_tokenizer.eos_token}2</output>")
     assert tiny_tokenizer.eos_token_id not in ids and tiny_tokenizer.decode(ids) == "<output>12</output>"
+
+
+def test_evaluation_scores_final_answers_with_and_without_the_tool(model, tiny_tokenizer):
+    """evaluate_models with tools: the checker sees final answers (after the last output block), and each decoding
+    reports the score without the tool and how often the tool was called and ran cleanly."""
+    from inference.evaluation import evaluate_models
+    from utils.runtime.tool_format import ToolUse
+
+    seen = []
+
+    def checker(prompts, answers):
+        seen.extend(answers)
+        return {"all": sum(len(answer) for answer in answers) / len(answers)}
+
+    tools = ToolUse(FakeTool(), FORMAT, max_calls=2, timeout=1.0)
+    prompts = [f" Human: {q} Assistant:" for q in QUESTIONS]
+    result = evaluate_models({"m": (model, tiny_tokenizer)}, prompts, max_new_tokens=30, seed=3, checker=checker,
+                             tools=tools)["m"]
+    for decoding in ("sampled", "greedy"):
+        scores, answers = result[decoding], result["answers"][decoding]
+        calls = [answer.count(FORMAT.output_open) for answer in answers]
+        assert scores["tool_call_rate"] == sum(c > 0 for c in calls) / len(calls)
+        assert 0 <= scores["tool_success_rate"] <= 1 and "all_without_tools" in scores
+        finals = [FORMAT.final_answer(answer) for answer in answers]
+        assert scores["all"] == sum(map(len, finals)) / len(finals)
+    assert result["sampled"]["tool_call_rate"] > 0
+    assert not any(FORMAT.output_close in answer for answer in seen)
+
+
+def test_chat_answers_call_the_tool(model, tiny_tokenizer):
+    from inference.chatbot import ChatBot
+    from utils.runtime.tool_format import ToolUse
+
+    bot = ChatBot(model, tiny_tokenizer, max_new_tokens=30, temperature=1.0, top_p=1.0, seed=0,
+                  tools=ToolUse(FakeTool(), FORMAT, max_calls=1, timeout=1.0))
+    answers = [bot.reply(question) for question in QUESTIONS]
+    assert any(FORMAT.output_close in answer.partition(FORMAT.call_close)[2] for answer in answers)  # an output block
