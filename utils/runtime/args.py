@@ -388,8 +388,8 @@ def _non_negative(value):
 # on another flag's value, stay with the script.
 FLAG_RANGES = {
     **dict.fromkeys(("learning_rate", "lora_learning_rate", "actor_learning_rate", "critic_learning_rate",
-                     "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange", "tool_timeout",
-                     "cliprange_value", "adaptive_kl_horizon", "beta"), ("positive", _positive)),
+                     "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange",
+                     "cliprange_value", "adaptive_kl_horizon", "beta", "tool_timeout"), ("positive", _positive)),
     **dict.fromkeys(("weight_decay", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
                      "reward_clip", "unsup_coef", "missing_eos_penalty", "cliprange_low", "cliprange_high",
                      "kl_loss_coef", "overlong_penalty", "positive_nll_coef", "rpo_alpha"),

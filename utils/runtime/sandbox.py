@@ -46,8 +46,8 @@ NOBODY = 65534
 
 BOOTSTRAP = r'''
 import os, sys, resource
-folder, memory, cpu, fsize, nofile, preload, max_written, hook = (sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6],
-                                                                 int(sys.argv[7]), sys.argv[8] == "1")
+folder, memory, cpu, fsize, nofile = sys.argv[1], *map(int, sys.argv[2:6])
+preload, max_written, hook = sys.argv[6], int(sys.argv[7]), sys.argv[8] == "1"
 for name in preload.split(","):
     __import__(name)
 import ctypes
@@ -100,7 +100,8 @@ def _hook(event, args, folder=os.path.realpath(folder) + os.sep,
         path, mode, flags = args
         if path is None:
             return
-        writing = any(c in (mode or "") for c in "wax+") or (flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC)
+        writing = (any(c in (mode or "") for c in "wax+")
+                   or (flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC))
         if writing:
             if not inside(path, folder):
                 raise PermissionError("sandbox: writing outside the working folder is not allowed")
@@ -109,7 +110,8 @@ def _hook(event, args, folder=os.path.realpath(folder) + os.sep,
                 raise PermissionError("sandbox: too many files written")
         elif not inside(path, (folder,) + readable):
             raise PermissionError("sandbox: reading outside the working folder is not allowed")
-    if event in ("os.listdir", "os.scandir") and args and args[0] is not None and not inside(args[0], (folder,) + readable):
+    if (event in ("os.listdir", "os.scandir") and args and args[0] is not None
+            and not inside(args[0], (folder,) + readable)):
         raise PermissionError("sandbox: listing outside the working folder is not allowed")
     if event in changes:
         for path in args:
