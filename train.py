@@ -39,8 +39,10 @@ from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, checker_de
 from utils.runtime.args import column_keys
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
+from utils.runtime.args import registry_help
 from utils.runtime.paths import FolderLock
 from utils.runtime.trackers import NONE, TRACKERS, check_run_group, resolve_report_to
+from utils.runtime.sandbox import TOOLS
 
 DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
 LOG_TAIL_LINES = 20
@@ -152,6 +154,11 @@ def build_parser():
     parser.add_argument("--eval-samples", type=int, default=None,
                         help="The closing evaluation samples K answers per prompt (prompt_eval.py's "
                              "--samples_per_prompt; default: the recipe's, else 4).")
+    parser.add_argument("--tools", default=None, choices=tuple(TOOLS),
+                        help="RL's actor may call this tool in its answers (step 3's --tools: multi-turn rollouts, "
+                             "inference/tool_rollout.py), and the closing evaluation scores both actors with and "
+                             "without it. Step 1 learns the calls from a reasoning-gym spec with tool_traces=python. "
+                             + registry_help(TOOLS, "utils/runtime/sandbox.py"))
     parser.add_argument("--dry-run", action="store_true", help="Print the launcher commands, run nothing.")
     return parser
 
@@ -231,6 +238,8 @@ def check_args(args):
         repeating = [name for name, row in ALGORITHMS.items() if any(STAGES[stage].repeats for stage in row.stages)]
         raise ConfigError(f"--pair-rounds repeats --pair-judge's sampling and DPO: it needs --algorithm "
                           f"{' or '.join(repeating)} and --pair-judge")
+    if args.tools and not any(STAGES[name].step == 3 for name in stages):
+        raise ConfigError(f"--tools is for RL's rollouts, but --algorithm {args.algorithm} has no step 3")
     if args.pair_judge and args.reward_fn:
         raise ConfigError("--pair-judge makes the reward model's pairs, but with --reward-fn there is no reward "
                           "model; pass one of them")

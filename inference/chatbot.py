@@ -6,6 +6,8 @@ Three ways to run it:
 - `--prompt TEXT`: answer TEXT once, print the answer and exit.
 - piped stdin (no --prompt): each line is the next turn of ONE conversation (history kept, `clear` and `quit`
   honoured, empty lines skipped); each answer is printed on a line of its own.
+With --tools python the answers may call the sandboxed Python tool, as step 3's rollouts do
+(inference/tool_rollout.py): the answer shows each call and its output.
 """
 import itertools
 import sys
@@ -17,10 +19,11 @@ from utils.data.prompting import format_turns
 from utils.data.text_files import check_text, decoded_lines
 from utils.model.model_utils import resolve_model_path
 from utils.model.save import trained_answer_length
-from utils.runtime.args import ArgumentParser, add_generation_args, check_flag_ranges
+from utils.runtime.args import ArgumentParser, add_generation_args, add_tool_args, check_flag_ranges
 from utils.runtime.dist import quiet_transformers
 from utils.runtime.ds_utils import choose_dtype
 from utils.runtime.errors import ChatRLHFError, cli_entry
+from utils.runtime.tool_format import tool_use
 
 CLEAR, QUIT = "clear", "quit"
 DEFAULT_MAX_NEW_TOKENS = 64  # for a model without saved training settings
@@ -47,8 +50,11 @@ class ChatBot:
     prompt (they stay in `conversation`); a single turn too long on its own is a ChatRLHFError.
     """
 
-    def __init__(self, model, tokenizer, max_new_tokens=64, temperature=0.7, top_p=0.9, greedy=False, seed=None):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model, tokenizer, max_new_tokens=64, temperature=0.7, top_p=0.9, greedy=False, seed=None,
+                 tools=None):
+        """tools: a utils.runtime.tool_format.ToolUse (--tools): the answers call it as step 3's rollouts do, and
+        show the calls and their outputs."""
+        self.model, self.tokenizer, self.tools = model, tokenizer, tools
         self.decoding = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy)
         self.seed = seed
         self.conversation = Conversation()
@@ -72,7 +78,7 @@ class ChatBot:
         self.last_prompt = self.build_prompt(user)
         seed = None if self.seed is None else self.seed + len(self.conversation.turns)
         answers, ended = generate(self.model, self.tokenizer, [self.last_prompt], seed=seed, return_ended=True,
-                                  **self.decoding)
+                                  tools=self.tools, **self.decoding)
         self.last_hit_limit = not ended[0]
         answer = self.clean_answer(answers[0])
         self.conversation.add(user, answer)
@@ -99,9 +105,11 @@ def parse_args(argv=None):
                         help="Debug: print each full prompt given to the model (with history) on stderr.")
     add_generation_args(parser, fallback_length=DEFAULT_MAX_NEW_TOKENS, greedy=True, batch_size=False,
                         covers="the sampled answers (None: different ones each run)")
+    add_tool_args(parser)
     parser.set_defaults(temperature=0.7, top_p=0.9, seed=None)
     args = parser.parse_args(argv)
     check_flag_ranges(args)
+    args.tool_use = tool_use(args)
     return args
 
 
@@ -125,7 +133,8 @@ def main(argv=None):
     if args.max_new_tokens is None:
 
         args.max_new_tokens = trained_answer_length(path) or DEFAULT_MAX_NEW_TOKENS
-    bot = ChatBot(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.greedy, args.seed)
+    bot = ChatBot(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.greedy, args.seed,
+                  args.tool_use)
     if args.prompt is not None:
         print(one_line(answer_turn(bot, args.prompt, args.show_prompt)), flush=True)
     elif sys.stdin.isatty():

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from inference.generation import generate, load_causal_lm
+from inference.tool_rollout import tool_stats
 from utils.data import builtin_task as task
 from utils.data.data_utils import get_raw_dataset
 from utils.data.prompting import model_prompt
@@ -139,7 +140,7 @@ def are_task_prompts(prompts):
 
 def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy_only=False,
                     seed=1234, batch_size=32, reward_fn=None, dtype="fp32", trust_remote_code=False,
-                    samples_per_prompt=1, checker=None):
+                    samples_per_prompt=1, checker=None, tools=None):
     """Answer `prompts` with each model and score the answers.
 
     model_specs: {name: model folder or built-in name, or an already loaded (model, tokenizer)}; models given
@@ -153,6 +154,11 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     checker: optional `checker(prompts, answers) -> {"all": mean score, <group>: mean, ...}`, best a Checker
     (gym_checker: a reasoning-gym verifier's, grouped by task); by default BUILTIN_CHECKER when every prompt is a
     built-in task prompt ({"all": mean checker score, "add": ..., per skill present}).
+
+    tools: a utils.runtime.tool_format.ToolUse: the answers are multi-turn, with tool calls (inference/tool_rollout.py),
+    scored on their final answer (the text after the last tool output); each decoding's scores add TOOL_FIGURES:
+    the score of answers from the same decoding without the tool ("all_without_tools", "reward_without_tools"), and
+    how often the tool was called and ran cleanly.
 
     Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]},
     "answer_stats": {"sampled": stats, "greedy": stats}}}, where scores is the checker's summary (or {} without a
@@ -168,27 +174,52 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     for name, spec in model_specs.items():
         model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
         model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
-        answers, ended = {}, {}
+        answers, ended, calls, plain = {}, {}, {}, {}
         for decoding in decodings:
-            answers[decoding], ended[decoding] = generate(
-                model, tokenizer, model_prompts * rounds[decoding], max_new_tokens=max_new_tokens,
-                temperature=temperature, top_p=top_p, greedy=decoding == "greedy", batch_size=batch_size, seed=seed,
-                desc=f"{name} {decoding}", return_ended=True)
+            settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            greedy=decoding == "greedy", batch_size=batch_size, seed=seed)
+            answers[decoding], ended[decoding], *made = generate(
+                model, tokenizer, model_prompts * rounds[decoding], **settings, desc=f"{name} {decoding}",
+                return_ended=True, tools=tools, return_calls=tools is not None)
+            if tools is not None:
+                calls[decoding] = made[0]
+                plain[decoding] = generate(model, tokenizer, model_prompts * rounds[decoding], **settings,
+                                           desc=f"{name} {decoding} without tools")
         del model, tokenizer  # a loaded model is freed before the next one (and before reward_fn runs)
         result = {"answer_stats": {}}
         for decoding in decodings:
             answered = prompts * rounds[decoding]
-            scores = dict(checker(answered, answers[decoding])) if checker else {}
+            final = answers[decoding] if tools is None else [tools.format.final_answer(a) for a in answers[decoding]]
+            scores = dict(checker(answered, final)) if checker else {}
             if reward_fn is not None:
-                rewards = [float(r) for r in reward_fn(answered, answers[decoding])]
+                rewards = [float(r) for r in reward_fn(answered, final)]
                 scores["reward"] = sum(rewards) / len(rewards)
+            if tools is not None:
+                scores.update(tool_figures(answered, [tools.format.final_answer(a) for a in plain[decoding]],
+                                           calls[decoding], checker, reward_fn))
             result[decoding] = scores
-            stats = answer_stats(prompts, answers[decoding], checker, constant_scores)
+            stats = answer_stats(prompts, final, checker, constant_scores)
             result["answer_stats"][decoding] = {**stats, "hit_limit": ended[decoding].count(False),
                                                 "max_new_tokens": max_new_tokens}
         result["answers"] = answers
         results[name] = result
     return results
+
+
+TOOL_FIGURES = ("all_without_tools", "reward_without_tools", "tool_calls", "tool_call_rate", "tool_success_rate")
+"""What an evaluation with --tools adds to each decoding's scores (evaluate_models)."""
+
+
+def tool_figures(prompts, answers_without_tools, calls, checker, reward_fn):
+    """TOOL_FIGURES of one decoding: the checker's "all" (and the mean reward) of the final answers written
+    without the tool, and `inference.tool_rollout.tool_stats` of the (calls, clean runs) of the answers with it."""
+    figures = {}
+    if checker:
+        figures["all_without_tools"] = checker(prompts, answers_without_tools)["all"]
+    if reward_fn is not None:
+        rewards = [float(r) for r in reward_fn(prompts, answers_without_tools)]
+        figures["reward_without_tools"] = sum(rewards) / len(rewards)
+    return {**figures, **tool_stats([c for c, _ in calls], [s for _, s in calls])}
 
 
 def answer_stats(prompts, answers, checker=None, constant_scores=None):

@@ -10,6 +10,7 @@ the same distributions, faster) where the model's forward takes a cache object, 
 import torch
 
 from inference.sampling import sample, supports_native_sampling
+from inference.tool_rollout import tool_rollout
 from utils.data.data_utils import attention_mask_left, pad_left, tokenize_prompt
 from utils.data.prompting import encode_prompt_text
 from utils.model.model_utils import check_model_kind, load_pretrained, load_tokenizer, resolve_model_path
@@ -116,9 +117,12 @@ def eos_token_ids(model, tokenizer):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_p=1.0, greedy=False,
-             batch_size=16, seed=None, desc=None, return_ended=False):
+             batch_size=16, seed=None, desc=None, return_ended=False, tools=None, return_calls=False):
     """The answer to each prompt: only the new text, decoded without special tokens, cut at the first EOS.
     With `return_ended`, (answers, ended): ended[i] is False where answer i hit max_new_tokens without an EOS.
+    With `tools` (a utils.runtime.tool_format.ToolUse) the answers are multi-turn (inference/tool_rollout.py): the
+    text holds the calls and their outputs, and max_new_tokens bounds model and tool tokens together; with
+    `return_calls` a list of (calls, clean runs) per answer comes last in the returned tuple.
 
     Sampling uses `temperature` and nucleus `top_p` only (no top-k, no repetition penalty, whatever the
     model's generation config says); `greedy` takes the arg-max instead (`inference.sampling.sample`, or HF
@@ -146,8 +150,11 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
                               pad_token_id=tokenizer.pad_token_id)
     device = next(model.parameters()).device
     native = supports_native_sampling(model)
+    if tools is not None and not native:
+        raise ConfigError("--tools needs a model the native sampler can drive (its forward takes position ids and a "
+                          "cache object)")
     order = sorted(range(len(prompts)), key=lambda i: (len(token_ids[i]), token_ids[i]))  # copies together
-    answers, ended = [None] * len(prompts), [True] * len(prompts)
+    answers, ended, calls = [None] * len(prompts), [True] * len(prompts), [(0, 0)] * len(prompts)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if seed is not None:
             torch.manual_seed(seed)
@@ -156,6 +163,17 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
             rows = [token_ids[i] for i in batch]
             input_ids, attention_mask = pad_left(rows, tokenizer.pad_token_id), attention_mask_left(rows)
             input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+            if tools is not None:
+                rollout = tool_rollout(model, tokenizer, input_ids, attention_mask, max_new_tokens, tools.run,
+                                       tools.format, tools.max_calls, tools.timeout, **sampling, eos_token_id=eos_ids,
+                                       pad_token_id=tokenizer.pad_token_id, greedy=greedy)
+                real = rollout.attention_mask[:, input_ids.shape[1]:].bool()
+                for i, row, mask, made in zip(batch, rollout.seq[:, input_ids.shape[1]:], real,
+                                              zip(rollout.calls, rollout.successes)):
+                    answer_tokens = _cut_at_eos(row[mask].tolist(), eos_ids)
+                    answers[i] = tokenizer.decode(answer_tokens, skip_special_tokens=True)
+                    ended[i], calls[i] = len(answer_tokens) < int(mask.sum()) or int(mask.sum()) < max_new_tokens, made
+                continue
             if native:
                 output = sample(model, input_ids, attention_mask, max_new_tokens, **sampling, eos_token_id=eos_ids,
                                 pad_token_id=tokenizer.pad_token_id, greedy=greedy)
@@ -165,7 +183,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=64, temperature=1.0, top_
                 answer_tokens = _cut_at_eos(new_tokens, eos_ids)
                 answers[i] = tokenizer.decode(answer_tokens, skip_special_tokens=True)
                 ended[i] = len(answer_tokens) < max_new_tokens
-    return (answers, ended) if return_ended else answers
+    return (answers, *([ended] if return_ended else []), *([calls] if return_calls else [])) \
+        if return_ended or return_calls else answers
 
 
 def _cut_at_eos(tokens, eos_ids):

@@ -107,7 +107,7 @@ def token_logprobs(z, tokens):
 
 @torch.no_grad()
 def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, top_p=1.0, eos_token_id=None,
-           pad_token_id=0, synced=False, return_logprobs=False, share_prefix=True, greedy=False):
+           pad_token_id=0, synced=False, return_logprobs=False, share_prefix=True, greedy=False, stop=None):
     """Sampled continuations of left-padded prompts: seq (B, P + A), and with `return_logprobs` also
     (seq, logprobs (B, A)), logprobs[b, t] = log softmax(logits / temperature)[answer token] (before top-p, as a
     training pass computes it; 0 after the row's EOS).
@@ -115,7 +115,9 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
     `eos_token_id` is an id or a list of ids; `synced` keeps this rank stepping until every rank is done (ZeRO-3
     with more than one rank); `share_prefix` runs the prompt tokens all rows start with once; `greedy` takes each
     step's most likely token instead of drawing one (temperature and top-p then change nothing but the
-    log-probs).
+    log-probs). `stop(rows, tokens, running) -> (b,) bool`, if given, is called after each step with the original
+    row of each row of the running batch, their new tokens and which are still running: the rows it returns True
+    for end there as at an EOS (a tool call's closing tag: inference/tool_rollout.py).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -153,6 +155,8 @@ def sample(model, input_ids, attention_mask, max_new_tokens, temperature=1.0, to
                 if return_logprobs:
                     logprobs[rows[running], step] = token_logprobs(z, tokens)[running].float()
                 running &= ~torch.isin(tokens, eos_ids)
+                if stop is not None:
+                    running &= ~stop(rows, tokens, running)
                 steps = step + 1
                 done = not bool(running.any())
             if step == max_new_tokens - 1 or _everyone_done(done, synced, device):

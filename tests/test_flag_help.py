@@ -99,4 +99,5 @@ def test_each_flag_name_is_declared_once():
         "--resume",  # steps: resume from a checkpoint; sample_pairs.py: keep finished pairs; train.py: both
         "--eval_interval",  # steps 2 and DPO: optimizer steps (0: before and after only); step 3: prompt batches
         "--seed",  # train.py's own (every stage's seed) beside the steps' and tools'
+        "--tools",  # train.py's own (step 3's and the closing evaluation's) beside utils/runtime/args.py's group
     }

@@ -66,7 +66,7 @@ def _step3_flags(args, dirs, out):
     function, which then gets --reward_fn), their ZeRO stages, the output."""
     return {"--actor_model_name_or_path": dirs["sft"], "--critic_model_name_or_path": dirs.get("reward"),
             "--actor_zero_stage": args.actor_zero_stage, "--critic_zero_stage": args.reward_zero_stage,
-            "--output_dir": out, "--reward_fn": args.reward_fn}
+            "--output_dir": out, "--reward_fn": args.reward_fn, "--tools": args.tools}
 
 
 def _preference_flags(args, dirs, out):
@@ -363,7 +363,8 @@ def evaluation_command(args, runs):
     if args.reward_fn and not has_checker(args.data_path):  # the RL's own yardstick where the data has none
         reward += ["--reward_fn", args.reward_fn]
     data = (["--data_path", *args.data_path] if args.data_path else []) + column_flags(args)
-    asked = {"--num_prompts": args.eval_prompts, "--samples_per_prompt": args.eval_samples}  # last: they win
+    asked = {"--num_prompts": args.eval_prompts, "--samples_per_prompt": args.eval_samples,  # last: they win
+             "--tools": args.tools}
     return [sys.executable, str(EVAL_SCRIPT), "--model_name_or_path_baseline", str(baseline),
             "--model_name_or_path_finetune", str(finetune), *reward, *data,
             "--samples_per_prompt", str(EVAL_SAMPLES_PER_PROMPT),

@@ -4,7 +4,10 @@ Without --prompts_file the prompts are the held-out ones of --data_path: the bui
 model's mean checker score (1 exact, 0.5 near miss, 0.25 right format only) is printed overall and per skill, for
 sampled and greedy decoding; any prompts file whose prompts are all built-in task prompts is scored the same way.
 With a reasoning-gym spec (`--data_path 'reasoning_gym:chain_sum?max_terms=2'`) the prompts are its held-out
-questions (tasks in turn), scored by each task's own verifier in [0, 1], overall and per task.
+questions (tasks in turn), scored by each task's own verifier in [0, 1], overall and per task. With --tools the
+answers may call the tool (inference/tool_rollout.py) and are scored on their final answer; each decoding also
+reports the score without the tool (all_without_tools) and how often it was called (tool_call_rate) and ran
+cleanly (tool_success_rate).
 
     python training/step1_supervised_finetuning/prompt_eval.py \\
         --model_name_or_path_baseline tiny --model_name_or_path_finetune output/actor --num_prompts 40
@@ -22,10 +25,11 @@ from inference.evaluation import (BUILTIN_CHECKER, Checker, are_task_prompts, ev
 from inference.generation import DEFAULT_MAX_NEW_TOKENS, trained_max_new_tokens
 from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.runtime.args import (ArgumentParser, add_column_args, add_data_path_arg, add_generation_args,
-                                add_output_json_arg, add_reward_fn_arg, check_flag_ranges, check_output_file,
-                                column_keys, is_auto)
+                                add_output_json_arg, add_reward_fn_arg, add_tool_args, check_flag_ranges,
+                                check_output_file, column_keys, is_auto)
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.paths import check_not_an_input
+from utils.runtime.tool_format import tool_use
 
 
 
@@ -53,9 +57,11 @@ def parse_args(argv=None):
     add_generation_args(parser, fallback_length=DEFAULT_MAX_NEW_TOKENS, auto_length=True, greedy=True,
                         samples_per_prompt=1, samples_help=" (the sampled scores are means over all of them)",
                         covers="the sampled decoding (the same for each model)")
+    add_tool_args(parser)
     args = parser.parse_args(argv)
     check_flag_ranges(args)
     column_keys(args)
+    args.tool_use = tool_use(args)
     if args.prompts_file and args.data_path != ["builtin"]:
         raise ConfigError("--prompts_file and --data_path both give the prompts; pass one")
     if args.prompts_file and is_auto(args.max_new_tokens):
@@ -123,7 +129,7 @@ def main(argv=None):
                               top_p=args.top_p, greedy_only=args.greedy, seed=args.seed,
                               batch_size=args.batch_size, reward_fn=reward_fn, dtype=args.dtype,
                               trust_remote_code=args.trust_remote_code, samples_per_prompt=args.samples_per_prompt,
-                              checker=checker)
+                              checker=checker, tools=args.tool_use)
 
     print(f"{len(prompts)} prompts ({args.samples_per_prompt} sampled answer(s) each); "
           f"baseline = {models['baseline']}, finetune = {models['finetune']}")

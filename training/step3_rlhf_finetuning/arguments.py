@@ -8,9 +8,11 @@ from utils.rl.policy_losses import POLICY_LOSSES
 from utils.runtime.args import (ZERO_STAGES, ArgumentParser, add_checkpoint_args, add_data_args,
                                 add_deepspeed_args, add_logging_args, add_num_padding_at_beginning_arg,
                                 add_offload_reference_model_arg, add_only_optimize_lora_arg, add_reward_fn_arg,
-                                add_sampling_args, add_schedule_args, add_trust_remote_code_arg, check_common_args,
+                                add_sampling_args, add_schedule_args, add_tool_args, add_trust_remote_code_arg,
+                                check_common_args,
                                 is_auto, length_or_auto, registry_help)
 from utils.runtime.errors import ConfigError
+from utils.runtime.tool_format import tool_use
 
 
 def parse_args(argv=None):
@@ -24,6 +26,7 @@ def parse_args(argv=None):
     add_lora_ema_args(parser)
     add_ppo_args(parser)
     add_critic_free_args(parser)
+    add_tool_args(parser)
     add_output_args(parser)
     add_checkpoint_args(parser)
     args = parser.parse_args(argv)
@@ -233,6 +236,7 @@ def add_output_args(parser):
 def check_args(args):
     check_common_args(args)  # the ranges of single flags (utils/runtime/args.py FLAG_RANGES), then how flags combine
     check_rl_args(args)
+    tool_use(args)  # --tool_tags
     rollouts = args.per_device_generation_batch_size * args.num_samples_per_prompt
     if rollouts % args.per_device_training_batch_size:
         group = args.num_samples_per_prompt

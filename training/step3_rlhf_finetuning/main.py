@@ -7,8 +7,9 @@ built-in task's checker), subtracts a KL penalty against the frozen reference (o
 REINFORCE++), then runs --ppo_epochs passes of clipped-PPO updates over minibatches of the experience (with
 --positive_nll_coef, the policy loss plus the NLL of the answers that scored well; with
 --unsupervised_dataset_name, a language-modelling step on plain text per minibatch, scaled by --unsup_coef).
-With --eval_interval N the actor is scored on held-out prompts every N steps. Saves `actor/`, `critic/` (GAE
-only) and, with --enable_ema, `actor_ema/` in --output_dir.
+With --eval_interval N the actor is scored on held-out prompts every N steps. With --tools the actor may call
+a tool in its answers (inference/tool_rollout.py), and the evaluations score it with and without. Saves
+`actor/`, `critic/` (GAE only) and, with --enable_ema, `actor_ema/` in --output_dir.
 With --save_steps N a resumable checkpoint (the engines, the EMA, the KL controller, reward moments, minibatch
 shuffler, metric history and evaluations) is written between PPO rounds every N prompt batches, and --resume
 continues from the latest one exactly as the uninterrupted run would have gone on.
@@ -23,7 +24,7 @@ import itertools
 import random
 import time
 
-from inference.evaluation import has_checker, heldout_set
+from inference.evaluation import TOOL_FIGURES, has_checker, heldout_set
 from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
                                    create_unsupervised_dataset, data_bound, data_metrics, fit_auto_lengths,
@@ -239,8 +240,8 @@ def summarize(history, evaluations, wall_time):
         for decoding in ("sampled", "greedy"):
             for scores in evaluation:
                 metrics[f"heldout_{decoding}_{when}"] = scores[decoding].get("all", scores[decoding].get("reward"))
-                for name in ANSWER_FIGURES:
-                    if name in scores[decoding]:  # best_constant: only with a checker
+                for name in ANSWER_FIGURES + TOOL_FIGURES:
+                    if name in scores[decoding]:  # best_constant: only with a checker; tool figures with --tools
                         metrics[f"heldout_{decoding}_{name}_{when}"] = scores[decoding][name]
     return {**metrics, "wall_time_s": wall_time}
 

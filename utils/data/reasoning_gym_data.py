@@ -12,7 +12,11 @@ Keys are the fields of the task's config dataclass (reasoning_gym.factory.DATASE
 - `size`: questions generated for the task, all parts together (default 2000): 10% held out, 10% eval, the rest
   train (each part at least one);
 - `seed`: the generation seed (default 1234, whatever the run's --seed, so every step and the evaluation see the
-  same questions).
+  same questions);
+- `tool_traces=python`: step 1's answers compute the answer with the Python tool before giving it,
+  ` <tool>print(EXPR)</tool><output>ANSWER</output> ANSWER` (utils/runtime/tool_format.py), EXPR the question's
+  expression (tasks whose items carry one: basic_arithmetic, chain_sum, products), ANSWER its reference answer:
+  step 1 then teaches the tool calls that step 3's --tools runs.
 Values are converted to the field's type: int, float, str, bool (true/false, 1/0, yes/no), None (`none`) where
 the field is Optional, a Literal's or Enum's value, an ISO date or time, and sequences (list[...], tuple[...])
 as `|`-separated elements, e.g. `operators=+|-`. Percent escapes are decoded (`%2C` is a comma, `%26` a `&`).
@@ -59,6 +63,7 @@ from utils.data.prompting import text_prompt
 from utils.data.prompting import parse_dialogue
 from utils.data.raw_datasets import RawDataset
 from utils.runtime.errors import ConfigError, DataError
+from utils.runtime.tool_format import ToolFormat
 
 PREFIX = "reasoning_gym:"
 EXTRA = 'pip install -e ".[gym]"'
@@ -74,6 +79,8 @@ final answer is what steps 1 and 2 train on). Many questions already say how to 
 UNSUPPORTED_TASKS = {"composite": "list tasks separated by commas instead"}
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 REJECTED_TRIES = 20
+TRACED_TOOLS = ("python",)
+"""The tools `tool_traces=` can write step 1's answers for (the code: `print(<the item's expression>)`)."""
 
 
 def _library():
@@ -102,6 +109,7 @@ class TaskSpec:
     config: typing.Any
     size: int = DEFAULT_SIZE
     seed: int = DEFAULT_SEED
+    tool_traces: str | None = None  # the tool step 1's answers call (TRACED_TOOLS), None: plain answers
 
     def __str__(self):
         """Canonical text, e.g. `chain_sum?max_terms=2&min_terms=2&seed=1234&size=2000`; settings left at their
@@ -110,7 +118,8 @@ class TaskSpec:
         keys = [f.name for f in dataclasses.fields(self.config) if f.name not in ("seed", "size")
                 and getattr(self.config, f.name) != getattr(defaults, f.name)]
         settings = [f"{key}={getattr(self.config, key)!r}" for key in sorted(keys)]
-        return f"{self.task}?" + "&".join(settings + [f"seed={self.seed}", f"size={self.size}"])
+        traces = [f"tool_traces={self.tool_traces}"] if self.tool_traces else []
+        return f"{self.task}?" + "&".join(settings + [f"seed={self.seed}", f"size={self.size}"] + traces)
 
 
 def parse_spec(spec: str) -> list[TaskSpec]:
@@ -145,7 +154,7 @@ def _parse_task(piece: str, spec: str) -> TaskSpec:
     config_cls = registry[task][1]
     fields = {f.name: f for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")}
     hints = _type_hints(config_cls)
-    values, size, seed, keys = {}, DEFAULT_SIZE, DEFAULT_SEED, set()
+    values, size, seed, keys, traces = {}, DEFAULT_SIZE, DEFAULT_SEED, set(), None
     for setting in filter(None, query.split("&")):
         key, equals, text = setting.partition("=")
         key, text = key.strip(), unquote(text.strip())
@@ -159,10 +168,14 @@ def _parse_task(piece: str, spec: str) -> TaskSpec:
             size = _convert_int_at_least(text, 3, where)
         elif key == "seed":
             seed = _convert_int_at_least(text, 0, where)
+        elif key == "tool_traces":
+            if text not in TRACED_TOOLS:
+                raise ConfigError(f"{where}={text} must be one of {', '.join(TRACED_TOOLS)}")
+            traces = text
         elif key in fields:
             values[key] = convert_value(text, hints.get(key, fields[key].type), _default(fields[key]), where)
         else:
-            valid = sorted(fields) + ["seed", "size"]
+            valid = sorted(fields) + ["seed", "size", "tool_traces"]
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise ConfigError(f"{PREFIX}{task}: unknown key '{key}' ({hint}valid keys: {', '.join(valid)})")
@@ -173,7 +186,7 @@ def _parse_task(piece: str, spec: str) -> TaskSpec:
     except (AssertionError, ValueError, TypeError) as err:
         raise ConfigError(f"{PREFIX}{piece}: reasoning-gym refuses this configuration "
                           f"({type(err).__name__}: {err or 'invalid'})") from None
-    return TaskSpec(task, config, size, seed)
+    return TaskSpec(task, config, size, seed, traces)
 
 
 def _type_hints(config_cls) -> dict:
@@ -389,14 +402,26 @@ class GymData:
         a question without a reference answer, rejected is None when no wrong answer was found."""
         if part not in self._rows:
             items = self.parts[part]
+            traced = {task_spec.task for task_spec in self.task_specs if task_spec.tool_traces}
             self._rows[part] = []
             for index, item in enumerate(items):
                 answer = item.answer
                 rejected = None if answer is None else _rejected_answer(items, index)
-                self._rows[part].append({"prompt": item.prompt, "chosen": None if answer is None else " " + answer,
+                chosen = None if answer is None else tool_trace(item) if item.task in traced else " " + answer
+                self._rows[part].append({"prompt": item.prompt, "chosen": chosen,
                                          "rejected": None if rejected is None else " " + rejected,
                                          "task": item.task})
         return self._rows[part]
+
+
+def tool_trace(item: Item) -> str:
+    """Step 1's answer to an item that computes its expression with the Python tool, then answers (the module
+    docstring's `tool_traces`); a DataError for an item without an expression."""
+    expression = item.entry.get("metadata", {}).get("expression")
+    if not isinstance(expression, str) or not expression.strip():
+        raise DataError(f"{PREFIX}{item.task}: tool_traces needs questions that carry an expression to compute "
+                        f"(basic_arithmetic, chain_sum, products do); this task's do not")
+    return ToolFormat().trace(f"print({expression.strip()})", item.answer, item.answer)
 
 
 def _rejected_answer(items: list[Item], index: int) -> str | None:

@@ -19,7 +19,10 @@ def gae_advantages_and_returns(
         R_t     = A_t + V_t                      (the critic's target, "returns")
 
     The episode ends at the last real token (EOS): values and rewards at padded positions are treated as 0,
-    so V_{t+1} = 0 after the last real token and A_{t+1} = 0 there. values, rewards, action_mask (B, A) ->
+    so V_{t+1} = 0 after the last real token and A_{t+1} = 0 there. A masked position inside the answer (a tool's
+    output, inference/tool_rollout.py) is not a step: t + 1 is the next real position, V and A are carried
+    across it unchanged (for a mask that is 1 then 0, the same numbers as without the carry). values, rewards,
+    action_mask (B, A) ->
     (advantages, returns), both (B, A) and 0 where the mask is 0; a row with no real token gives zeros.
     Call under torch.no_grad(): advantages and returns are targets, not something to differentiate.
     """
@@ -32,10 +35,11 @@ def gae_advantages_and_returns(
     next_value = torch.zeros_like(values[:, 0])
     next_advantage = torch.zeros_like(values[:, 0])
     advantages_reversed = []
+    real = mask > 0
     for t in reversed(range(length)):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        next_advantage = delta + gamma * lam * next_advantage
-        next_value = values[:, t]
+        next_advantage = torch.where(real[:, t], delta + gamma * lam * next_advantage, next_advantage)
+        next_value = torch.where(real[:, t], values[:, t], next_value)
         advantages_reversed.append(next_advantage)
     advantages = torch.stack(advantages_reversed[::-1], dim=1) * mask
     returns = (advantages + values) * mask
@@ -86,13 +90,15 @@ def returns_to_go(rewards: torch.Tensor, action_mask: torch.Tensor, gamma: float
 
         G_t = r_t + gamma * G_{t+1},   G = 0 after the last real token
 
+    A masked position inside the answer (a tool's output) is not a step: G is carried across it undiscounted.
     rewards, action_mask (B, A) -> (B, A), 0 where the mask is 0."""
     mask = action_mask.to(rewards.dtype)
     rewards = rewards * mask
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0]) if rewards.shape[1] else None
+    real = mask > 0
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
+        running = torch.where(real[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running
     return returns * mask
 

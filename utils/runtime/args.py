@@ -9,6 +9,8 @@ from utils.runtime.ds_utils import DTYPES
 from utils.runtime.errors import (ArgumentParser,  # noqa: F401 (ArgumentParser: the CLIs import it from here)
                                   ConfigError)
 from utils.runtime.trackers import NONE, TRACKERS, check_run_group, resolve_report_to
+from utils.runtime.sandbox import TOOLS
+from utils.runtime.tool_format import DEFAULT_TAGS
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -191,6 +193,26 @@ def add_sampling_args(group, what="the answers", temperature_also=""):
     group.add_argument("--top_p", type=float, default=1.0,
                        help=f"Nucleus sampling of {what}: keep the smallest set of tokens whose probability reaches "
                             "this (1: off); default %(default)s.")
+
+
+def add_tool_args(parser):
+    """The actor's tool calls (inference/tool_rollout.py), in one "tools" group: step 3's rollouts and
+    evaluations, prompt_eval.py, chat.py."""
+    group = parser.add_argument_group("tools")
+    group.add_argument("--tools", type=str, default=None, choices=tuple(TOOLS),
+                       help="Let the actor call a tool: an answer may hold a call (--tool_tags), generation stops "
+                            "at its end, the tool runs it and its output is appended as context (never trained on), "
+                            "and the answer goes on; evaluations report the score with and without it and how "
+                            "often it was called and ran cleanly. " + registry_help(TOOLS, "utils/runtime/sandbox.py"))
+    group.add_argument("--max_tool_calls", type=int, default=2,
+                       help="--tools: the most calls in one answer; default %(default)s.")
+    group.add_argument("--tool_timeout", type=float, default=5.0,
+                       help="--tools: the wall-clock seconds a call may run before it is killed (its answer then "
+                            "reads the word timeout); default %(default)s.")
+    group.add_argument("--tool_tags", nargs=4, default=list(DEFAULT_TAGS),
+                       metavar=("CALL_OPEN", "CALL_CLOSE", "OUTPUT_OPEN", "OUTPUT_CLOSE"),
+                       help="--tools: the tags around a call and around its output; default %(default)s.")
+    return group
 
 
 def add_generation_args(parser, *, fallback_length=16, auto_length=False, greedy=False, samples_per_prompt=None,
@@ -433,7 +455,7 @@ FLAG_RANGES = {
     **dict.fromkeys(("learning_rate", "lora_learning_rate", "actor_learning_rate", "critic_learning_rate",
                      "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange",
                      "cliprange_value", "adaptive_kl_horizon", "beta", "desirable_weight",
-                     "undesirable_weight"), ("positive", _positive)),
+                     "undesirable_weight", "tool_timeout"), ("positive", _positive)),
     **dict.fromkeys(("weight_decay", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
                      "reward_clip", "unsup_coef", "missing_eos_penalty", "cliprange_low", "cliprange_high",
                      "kl_loss_coef", "overlong_penalty", "positive_nll_coef", "rpo_alpha"),
@@ -449,7 +471,8 @@ FLAG_RANGES = {
                      "per_device_generation_batch_size", "per_device_training_batch_size", "generation_batches",
                      "ppo_epochs", "num_samples_per_prompt", "eval_prompts", "save_total_limit", "batch_size",
                      "max_new_tokens", "num_prompts", "max_prompts", "samples_per_prompt", "inference_tp_size",
-                     "tp_gather_partition_size", "max_auto_len"), ("at least 1", lambda value: value >= 1)),
+                     "max_tool_calls", "tp_gather_partition_size", "max_auto_len"),
+                    ("at least 1", lambda value: value >= 1)),
     **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps",
                      "save_steps", "num_show", "num_examples", "lora_dim", "actor_lora_dim", "critic_lora_dim",
                      "num_padding_at_beginning"), ("at least 0", _non_negative)),

@@ -9,6 +9,11 @@ a row of `utils/rl/policy_losses.py` (PPO's clipped surrogate).
 
 Each prompt is repeated --num_samples_per_prompt times in a row inside this rank's batch, so a group never
 spans two ranks.
+
+With --tools the rollouts are multi-turn (inference/tool_rollout.py): an answer's tool outputs are in `seq` and
+attended to, but their action-mask entries are 0, so no loss, KL, advantage or reward lands on them; the
+reward function scores the final answer (the text after the last tool output). Without --tools the action mask
+is the contiguous answer up to its EOS, as before.
 """
 import time
 
@@ -17,6 +22,7 @@ import torch
 from inference.evaluation import DECODINGS, answer_scalars, evaluate_models
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
 from inference.sampling import sample, supports_native_sampling
+from inference.tool_rollout import tool_rollout
 from utils.model.model_utils import answer_logits, model_forward_kwargs
 from utils.model.reward_model import score_answers
 from utils.rl.estimators import ESTIMATORS
@@ -28,6 +34,8 @@ from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import entropy_from_logits, logprobs_from_logits, masked_mean
 from utils.runtime.dist import all_reduce_mean, all_reduce_sum, assert_finite, to_device
+from utils.runtime.errors import ConfigError
+from utils.runtime.tool_format import tool_use
 from utils.trainer.frozen import moving_average
 
 
@@ -44,6 +52,10 @@ class PPOTrainer:
         self.kl_controller = make_kl_controller(args.kl_coef, args.adaptive_kl_target, args.adaptive_kl_horizon)
         self.reward_moments = RunningMoments()
         self.zero3_generation = args.actor_zero_stage == 3 and torch.distributed.get_world_size() > 1
+        self.tools = tool_use(args)
+        if self.tools is not None and self.zero3_generation:
+            raise ConfigError("--tools runs each rank's turns on its own: it cannot run with --actor_zero_stage 3 "
+                              "over several processes, whose forward passes must stay in step")
 
     def state_dict(self):
         """What PPO carries from round to round besides the models: the KL coefficient and the reward moments."""
@@ -95,13 +107,19 @@ class PPOTrainer:
             prompt_texts = None if prompt_texts is None else [text for text in prompt_texts for _ in range(group)]
         generate_start = time.perf_counter()
         self.actor.eval()
-        seq = self.generate_sequence(prompts, prompt_mask)
+        tool_stats = {}
+        if self.tools is None:
+            seq = self.generate_sequence(prompts, prompt_mask)
+            action_mask = answer_action_mask(seq[:, prompts.shape[1]:], self.tokenizer.eos_token_id)
+            attention_mask = torch.cat([prompt_mask, action_mask.to(prompt_mask.dtype)], dim=1)
+        else:
+            rollout = self.generate_with_tools(prompts, prompt_mask)
+            seq, action_mask, attention_mask, tool_stats = (rollout.seq, rollout.action_mask, rollout.attention_mask,
+                                                            rollout.stats())
         generate_time = time.perf_counter() - generate_start
 
         prompt_len = prompts.shape[1]
         answers = seq[:, prompt_len:]
-        action_mask = answer_action_mask(answers, self.tokenizer.eos_token_id)
-        attention_mask = torch.cat([prompt_mask, action_mask.to(prompt_mask.dtype)], dim=1)
         lengths = action_mask.sum(1)
         has_eos = (answers == self.tokenizer.eos_token_id).any(1)
         if self.critic is not None:
@@ -124,7 +142,8 @@ class PPOTrainer:
         self.actor.train()
         if self.critic is not None:
             self.critic.train()
-        stats = {"score": raw_scores.mean().item(), **score_stats, "reward": (rewards.sum(1)).mean().item(),
+        stats = {"score": raw_scores.mean().item(), **score_stats, **tool_stats,
+                 "reward": (rewards.sum(1)).mean().item(),
                  "kl": kl.sum(1).mean().item(), "answer_length": lengths.float().mean().item(),
                  "eos_fraction": has_eos.float().mean().item(),
                  "empty_fraction": (answers[:, 0] == self.tokenizer.eos_token_id).float().mean().item()}
@@ -138,17 +157,35 @@ class PPOTrainer:
             positive=positive,
             stats={**stats, "generate_time": generate_time, "generated_tokens": int(lengths.sum().item())})
 
+    def generate_with_tools(self, prompts, prompt_mask):
+        """Multi-turn rollouts with --tools (inference/tool_rollout.py): a ToolRollout whose answers hold at most
+        --max_answer_seq_len tokens, the model's and the tool outputs' together."""
+        args, tools = self.args, self.tools
+        if not supports_native_sampling(self.actor.module):
+            raise ConfigError("--tools needs an actor the native sampler can drive (its forward takes position ids "
+                              "and a cache object)")
+        return tool_rollout(self.actor.module, self.tokenizer, prompts, prompt_mask, args.max_answer_seq_len,
+                            tools.run, tools.format, tools.max_calls, tools.timeout, args.temperature, args.top_p,
+                            self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+
     def score(self, seq, attention_mask, action_mask, prompt_len, prompt_texts):
         """The end score of each answer (B,): the reward model's score times --reward_model_weight plus the
-        reward function's times --reward_fn_weight, of whichever are given; and, when both are, each mean."""
+        reward function's times --reward_fn_weight, of whichever are given; and, when both are, each mean. With
+        --tools the reward function reads the final answer: the answer's text (tool outputs included) after its
+        last tool output."""
         args = self.args
         parts = {}
         if self.reward is not None:
             _, model_scores = self.reward.module.forward_value(seq, attention_mask)
             parts["reward_model_score"] = (args.reward_model_weight, model_scores.float())
         if self.reward_fn is not None:
-            answers = [self.tokenizer.decode(row[mask.bool()], skip_special_tokens=True)
-                       for row, mask in zip(seq[:, prompt_len:], action_mask)]
+            if self.tools is None:
+                answers = [self.tokenizer.decode(row[mask.bool()], skip_special_tokens=True)
+                           for row, mask in zip(seq[:, prompt_len:], action_mask)]
+            else:
+                answers = [self.tools.format.final_answer(self.tokenizer.decode(row[mask.bool()],
+                                                                                skip_special_tokens=True))
+                           for row, mask in zip(seq[:, prompt_len:], attention_mask[:, prompt_len:])]
             fn_scores = call_reward_fn(self.reward_fn, args.reward_fn, prompt_texts, answers).to(seq.device)
             parts["reward_fn_score"] = (args.reward_fn_weight, fn_scores)
         scores = sum(weight * part for weight, part in parts.values())
@@ -176,7 +213,7 @@ class PPOTrainer:
         if args.normalize_reward:
             self.reward_moments.update(gather_all(raw_scores))
             scores = self.reward_moments.normalise(raw_scores)
-        if args.missing_eos_penalty:
+        if args.missing_eos_penalty:  # (a tool output holds no EOS: output_token_ids takes special tokens out)
             has_eos = (answers == self.tokenizer.eos_token_id).any(1)
             scores = scores - args.missing_eos_penalty * (~has_eos).to(scores.dtype)
         if args.overlong_penalty:
@@ -306,7 +343,8 @@ class PPOTrainer:
         results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,
                                   max_new_tokens=args.max_answer_seq_len, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts, checker=checker,
-                                  batch_size=args.per_device_generation_batch_size * args.num_samples_per_prompt)
+                                  batch_size=args.per_device_generation_batch_size * args.num_samples_per_prompt,
+                                  tools=self.tools)
         self.actor.train()
         stats = results["actor"]["answer_stats"]
         return {decoding: {**results["actor"][decoding], **answer_scalars(stats[decoding])} for decoding in DECODINGS}

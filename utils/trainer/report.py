@@ -6,7 +6,7 @@ constant answer's score, distinct answers, answers cut at the limit). `train.py`
 import json
 from pathlib import Path
 
-from inference.evaluation import DECODINGS, scores_as_a_constant
+from inference.evaluation import DECODINGS, TOOL_FIGURES, scores_as_a_constant
 from utils.model.save import read_training_settings
 from utils.rl.estimators import ESTIMATORS
 from utils.rl.policy_losses import POLICY_LOSSES
@@ -141,6 +141,9 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
             if "reward" in before and "reward" in after:
                 rows.append(("eval", f"held-out reward-model score, {decoding} ({models})",
                              f"{before['reward']:.3f} -> {after['reward']:.3f}"))
+            for key, what in TOOL_ROWS:  # an evaluation with --tools
+                if key in before and key in after:
+                    rows.append(("eval", f"{what}, {decoding} ({models})", f"{before[key]:.3f} -> {after[key]:.3f}"))
             stats = [evaluation[model].get("answer_stats", {}).get(decoding) for model in ("baseline", "finetune")]
             if all(stats):
                 rows += answer_rows(*stats, decoding, models)
@@ -156,6 +159,11 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
     return "\n".join(lines) + "\n"
 
 
+TOOL_ROWS = (("all_without_tools", "held-out checker score without the tool"),
+             ("tool_call_rate", "answers calling the tool"), ("tool_success_rate", "tool calls that ran cleanly"))
+"""The report's rows of an evaluation with --tools (inference.evaluation.TOOL_FIGURES)."""
+
+
 def skill_table(evaluation):
     """Held-out checker score per group (the built-in task's skills, a reasoning-gym spec's tasks), per model and
     decoding; then a "best constant" row, the best score one answer given to every question of a group earned
@@ -163,7 +171,7 @@ def skill_table(evaluation):
     decoding that mostly gives one answer and scores no more than that answer (scores_as_a_constant)."""
     names = {"baseline": "before (baseline)", "finetune": "after (fine-tuned)"}
     groups = {key: None for result in evaluation.values() for decoding in DECODINGS
-              for key in result.get(decoding, {}) if key not in ("all", "reward")}
+              for key in result.get(decoding, {}) if key not in ("all", "reward", *TOOL_FIGURES)}
     columns = ["all", *groups]
     lines = ["| actor | decoding | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     notes = []

@@ -104,7 +104,9 @@ def test_settings_are_converted_to_the_fields_types():
     ("reasoning_gym:chain_summ", "reasoning_gym:chain_summ: unknown reasoning-gym task (did you mean chain_sum"),
     ("reasoning_gym:nothing_like_it", "unknown reasoning-gym task (reasoning_gym.factory.DATASETS lists them)"),
     ("reasoning_gym:chain_sum?min_term=2", "unknown key 'min_term' (did you mean min_terms? valid keys: "
-                                           "allow_negation, max_digits, max_terms, min_digits, min_terms, seed, size)"),
+                                           "allow_negation, max_digits, max_terms, min_digits, min_terms, seed, size, "
+                                           "tool_traces)"),
+    ("reasoning_gym:chain_sum?tool_traces=bash", "reasoning_gym:chain_sum: tool_traces=bash must be one of python"),
     ("reasoning_gym:chain_sum?min_terms=two", "reasoning_gym:chain_sum: min_terms=two is not an int"),
     ("reasoning_gym:chain_sum?allow_negation=maybe", "allow_negation=maybe is not a boolean"),
     ("reasoning_gym:basic_arithmetic?format_style=fancy", "format_style=fancy must be one of simple, natural"),
@@ -249,3 +251,23 @@ def test_solved_counts_only_full_marks_where_the_verifier_gives_partial_credit()
     summary = data.verifier.summarize([item.prompt for item in items], [item.answer for item in items[:2]] + reordered)
     assert summary["solved"] == 0.5
     assert 0.5 + 2 * 0.2 / 4 <= summary["all"] < 1.0  # partial credit of at least 0.2 for each reordered answer
+
+
+def test_tool_traces_compute_the_reference_answer_with_the_tool():
+    """Step 1's answers call the tool on the question's own expression, and the code prints the reference answer
+    when the sandbox runs it; the final answer scores 1; the questions are those of the plain spec."""
+    from utils.runtime.sandbox import run_python
+    from utils.runtime.tool_format import ToolFormat
+
+    spec = "reasoning_gym:basic_arithmetic?min_terms=3&max_terms=3&min_digits=3&max_digits=3&operators=%2B|-|*"
+    traced, plain = fresh(spec + f"&size={SIZE}&tool_traces=python"), fresh(spec + f"&size={SIZE}")
+    fmt = ToolFormat()
+    rows = traced.rows("train")
+    assert [row["prompt"] for row in rows] == [row["prompt"] for row in plain.rows("train")]
+    for row, item in list(zip(rows, traced.parts["train"]))[:3]:
+        code = fmt.parse_call(row["chosen"])
+        assert code == f"print({item.entry['metadata']['expression']})"
+        assert run_python(code).output.strip() == item.answer
+        assert fmt.final_answer(row["chosen"]).strip() == item.answer and item.score(fmt.final_answer(row["chosen"]))
+    with pytest.raises(DataError, match="word_sorting: tool_traces needs questions that carry an expression"):
+        fresh(f"reasoning_gym:word_sorting?size={SIZE}&tool_traces=python").rows("train")

@@ -734,3 +734,17 @@ def test_overlong_fraction_hand_values():
     close(overlong_fraction(lengths, 12, 1), [0.0, 0.0, 0.0, 0.0, 1.0])  # only answers that fill the limit
     with pytest.raises(ValueError):
         overlong_fraction(lengths, 12, 0)
+
+
+def test_gae_and_returns_to_go_step_over_a_tool_output():
+    """A masked stretch inside the answer (a tool's output) is not a step: the numbers equal those of the answer
+    with the stretch cut out, and the stretch itself gets 0."""
+    values = torch.tensor([[1.0, 9.0, 9.0, 2.0, 3.0]])
+    rewards = torch.tensor([[0.0, 5.0, 5.0, 0.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0]])
+    # cut out: V = [1, 2, 3], r = [0, 0, 1], gamma = 1, lam = 0.5: the hand example above, A = [1, 0, -2]
+    advantages, returns = gae_advantages_and_returns(values, rewards, mask, gamma=1.0, lam=0.5)
+    close(advantages, [[1.0, 0.0, 0.0, 0.0, -2.0]])
+    close(returns, [[2.0, 0.0, 0.0, 2.0, 1.0]])
+    # gamma 0.5 over the three real tokens: G = [0.25, 0.5, 1], not discounted over the two tool tokens
+    close(returns_to_go(rewards, mask, 0.5), [[0.25, 0.0, 0.0, 0.5, 1.0]])

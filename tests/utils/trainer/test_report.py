@@ -141,3 +141,21 @@ def test_the_closing_evaluation_reports_the_best_constant_answer_and_what_the_an
     # an evaluation written without answer_stats (an older run) has the scores alone
     plain = {name: {d: result[d] for d in ("sampled", "greedy")} for name, result in evaluation.items()}
     assert not [line for line in pipeline_report({}, {}, plain).splitlines() if "constant" in line or "cut" in line]
+
+
+def test_an_evaluation_with_tools_reports_the_score_without_and_the_tool_use(tmp_path):
+    """The closing evaluation with --tools: rows for the score without the tool and for the calls, before -> after;
+    the skill table keeps to the groups (no tool columns)."""
+    from utils.trainer.report import pipeline_report
+
+    def scores(all_, without, rate):
+        return {"all": all_, "basic_arithmetic": all_, "all_without_tools": without, "tool_calls": rate,
+                "tool_call_rate": rate, "tool_success_rate": 1.0}
+
+    evaluation = {"baseline": {"sampled": scores(0.2, 0.05, 0.5), "greedy": scores(0.3, 0.1, 0.6)},
+                  "finetune": {"sampled": scores(0.4, 0.06, 0.9), "greedy": scores(0.5, 0.1, 1.0)}}
+    report = pipeline_report({"sft": tmp_path / "a", "rl": tmp_path / "b"}, {}, evaluation)
+    assert "| eval | held-out checker score without the tool, sampled (step-1 -> final actor) | 0.050 -> 0.060 |" \
+        in report
+    assert "| eval | answers calling the tool, greedy (step-1 -> final actor) | 0.600 -> 1.000 |" in report
+    assert "| actor | decoding | all | basic_arithmetic |" in report
