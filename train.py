@@ -387,14 +387,15 @@ def main(argv=None):
 
 
 def write_report(args, runs, wall_times, evaluation_path):
-    """Print the run's table and keep it as <output-dir>/report.md."""
+    """Print the run's table and keep it as <output-dir>/report.md, its pictures beside it."""
     from utils.trainer.report import pipeline_report  # loads transformers: --help and flag errors answer first
 
     evaluation = None
     if evaluation_path is not None and evaluation_path.is_file():
         evaluation = json.loads(evaluation_path.read_text())
     command = shlex.join(["python", "train.py", *(sys.argv[1:])])
-    report = pipeline_report({run.name: run.output for run in runs}, wall_times, evaluation, command)
+    report = pipeline_report({run.name: run.output for run in runs}, wall_times, evaluation, command,
+                             figures_dir=args.output_dir)
     (Path(args.output_dir) / "report.md").write_text(report)
     print(f"---- report ({Path(args.output_dir) / 'report.md'})\n{report}", flush=True)
 

@@ -118,7 +118,8 @@ def main(argv=None):
         set_python_random_state(resumed["shuffler"], shuffler)
         if unsup_batches is not None:
             unsup_batches.skip(resumed["unsup_batches_drawn"])
-    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step3_ppo")
+    monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, "step3_ppo", args.output_dir,
+                      resumed=resumed is not None)
     if eval_prompts and not resumed:
         evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
     bar = progress(total=total_steps, initial=step, desc="ppo", unit="prompt batch")

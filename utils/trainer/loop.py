@@ -56,11 +56,11 @@ def step_engine(model, ds_config, args, train_loader, eval_loader, world_size, w
 
 class LoopState:
     """What a step keeps around its loop: where it is in the data (`position`), the `checkpointer` (resumed from
-    with --resume: then `resumed` holds the checkpoint's state, else None), the TensorBoard `monitor` under
-    `run_name`, and the `throughput` meter. `flags` are the flags that shape training (`step` names the step),
-    recorded with each checkpoint and saved with the model. `counts` are what save_run adds to metrics.json: the
-    rows each split read and kept (data_metrics), the rows an evaluation scores, and the step budget
-    (step_budget)."""
+    with --resume: then `resumed` holds the checkpoint's state, else None), the `monitor` (TensorBoard under
+    `run_name`, the history in --output_dir), and the `throughput` meter. `flags` are the flags that shape training
+    (`step` names the step), recorded with each checkpoint and saved with the model. `counts` are what save_run
+    adds to metrics.json: the rows each split read and kept (data_metrics), the rows an evaluation scores, and the
+    step budget (step_budget)."""
 
     def __init__(self, args, engine, train_loader, world_size, *, step, run_name):
         self.flags = training_flags(args, step=step)
@@ -69,7 +69,8 @@ class LoopState:
         self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
                                          self.position, flags=self.flags)
         self.resumed = self.checkpointer.resume() if args.resume else None
-        self.monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, run_name)
+        self.monitor = Monitor(args.enable_tensorboard, args.tensorboard_path, run_name, args.output_dir,
+                               resumed=self.resumed is not None)
         self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
 
     def evaluator(self, engine, evaluate):

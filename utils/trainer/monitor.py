@@ -1,18 +1,32 @@
-"""What a run reports: TensorBoard scalars, console lines, and throughput as DeepSpeed-Chat's
-`print_throughput` computes it (Megatron's FLOP formula)."""
+"""What a run reports: TensorBoard scalars, the same scalars as a JSON-lines history beside the step's output (what
+train.py's report draws its curves from), console lines, and throughput as DeepSpeed-Chat's `print_throughput`
+computes it (Megatron's FLOP formula), with the peak GPU memory on CUDA."""
+import json
+from pathlib import Path
+
+import torch
+
 from utils.data.packing import batch_counts
 from utils.runtime.dist import print_rank_0
 from utils.runtime.progress import is_rank_0
 
 
+HISTORY = "history.jsonl"
+"""A step's scalars, one JSON line per `Monitor.write` ({"step", "prefix", name: value...}), in its output folder."""
+
+
 class Monitor:
-    """Scalars to TensorBoard (rank 0 only, under `<tensorboard_path>/<run_name>`) and to the console.
+    """Scalars to TensorBoard (with `enabled`, under `<tensorboard_path>/<run_name>`) and, always, to HISTORY in
+    `history_dir` (if given); rank 0 only.
 
     All three steps write under one `--tensorboard_path`, each in its own folder, so one TensorBoard shows the
-    curves of the whole pipeline."""
+    curves of the whole pipeline. HISTORY is started anew by a fresh run and continued by a resumed one (whose
+    steps after its checkpoint then appear twice: `read_history` keeps the later line)."""
 
-    def __init__(self, enabled, tensorboard_path, run_name):
-        self.writer = None
+    def __init__(self, enabled, tensorboard_path, run_name, history_dir=None, resumed=False):
+        self.writer, self.history = None, None
+        self.history_path = Path(history_dir) / HISTORY if history_dir is not None and is_rank_0() else None
+        self.history_mode = "a" if resumed else "w"  # opened at the first write: a run that fails first leaves none
         if enabled and is_rank_0():
             from torch.utils.tensorboard import SummaryWriter
 
@@ -22,10 +36,50 @@ class Monitor:
         if self.writer is not None:
             for name, value in values.items():
                 self.writer.add_scalar(f"{prefix}/{name}", float(value), step)
+        if self.history_path is not None:
+            if self.history is None:
+                self.history = open(self.history_path, self.history_mode)
+                if self.history.tell() > 0 and not self.history_path.read_bytes().endswith(b"\n"):
+                    self.history.write("\n")  # after the torn last line of a run killed mid-write
+            line = {"step": int(step), "prefix": prefix, **{name: float(value) for name, value in values.items()}}
+            self.history.write(json.dumps(line) + "\n")
+            self.history.flush()
 
     def close(self):
         if self.writer is not None:
             self.writer.close()
+        if self.history is not None:
+            self.history.close()
+
+
+def read_history(folder):
+    """{prefix: {name: [(step, value), ...] by step}} of the HISTORY in `folder` ({} without one); where a resumed
+    run wrote a step again, its later line wins. A line that is not a JSON object (a run killed mid-write) is
+    skipped."""
+    path = Path(folder) / HISTORY
+    if not path.is_file():
+        return {}
+    latest = {}
+    for text in path.read_text().splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("step"), int) and isinstance(line.get("prefix"), str):
+            for name, value in line.items():
+                if name not in ("step", "prefix") and isinstance(value, (int, float)):
+                    latest[(line["prefix"], name, line["step"])] = float(value)
+    history = {}
+    for (prefix, name, step), value in sorted(latest.items()):
+        history.setdefault(prefix, {}).setdefault(name, []).append((step, value))
+    return history
+
+
+def peak_memory():
+    """{"peak_memory_gib": the most GPU memory this process's tensors have held} on CUDA; {} elsewhere."""
+    if not torch.cuda.is_available():
+        return {}
+    return {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
 
 
 def format_scalars(**values):
@@ -87,9 +141,10 @@ class Throughput:
         figures = {"samples_per_s": self.samples * self.world_size / elapsed,
                    "tokens_per_s": self.tokens * self.world_size / elapsed,
                    "tflops": self.flops / elapsed / 1e12,
-                   "latency_s": elapsed / self.steps}
+                   "latency_s": elapsed / self.steps, **peak_memory()}
+        memory = f", peak GPU memory {figures['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in figures else ""
         print_rank_0(f"throughput: latency {figures['latency_s']:.3f} s/step, "
                      f"{figures['samples_per_s']:.1f} samples/s, {figures['tokens_per_s']:.0f} tokens/s, "
-                     f"{figures['tflops']:.4f} TFLOPs per process")
+                     f"{figures['tflops']:.4f} TFLOPs per process{memory}")
         self._reset()
         return figures
