@@ -7,6 +7,7 @@ import torch
 
 from utils.data.data_utils import create_prompt_dataset, data_bound, data_metrics, fit_auto_lengths, make_dataloader
 from utils.model.model_utils import count_parameters, load_tokenizer
+from utils.model.card import model_card
 from utils.model.save import save_hf_model
 from utils.runtime.args import training_flags
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
@@ -178,13 +179,14 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
 
 
 def save_run(engine, tokenizer, args, metrics, state, start_time):
-    """The end of a step: the run's totals and counts (LoopState.counts) added to `metrics`, TensorBoard closed,
-    the model saved as a Hugging Face folder in --output_dir with its training flags, and metrics.json beside
-    it."""
+    """The end of a step: the run's totals and counts (LoopState.counts) added to `metrics`, the monitor closed,
+    the model saved as a Hugging Face folder in --output_dir with its training flags and model card, and
+    metrics.json beside it."""
     metrics.update(state.counts, optimizer_steps=engine.global_steps, parameters=count_parameters(engine.module),
                    wall_time_s=time.time() - start_time)
     state.monitor.close()
-    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags)
+    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags,
+                  card=model_card(state.flags, metrics))
     write_metrics(args.output_dir, metrics)
     scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**scalars)}")
