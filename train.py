@@ -433,21 +433,30 @@ def main(argv=None):
         wall_times["evaluation"] = time.time() - start
     interrupt_hint(f"writing the report stopped, every step{' and the evaluation' if command else ''} having "
                    "finished")
-    write_report(args, runs, wall_times, evaluation_path if command else None)
+    write_report(args, runs, wall_times, command, evaluation_path if command else None)
     return 0
 
 
-def write_report(args, runs, wall_times, evaluation_path):
-    """Print the run's table and keep it as <output-dir>/report.md."""
-    from utils.trainer.report import pipeline_report  # loads transformers: --help and flag errors answer first
+def write_report(args, runs, wall_times, eval_command, evaluation_path):
+    """Print the run's table and keep it as <output-dir>/report.md, its pictures beside it; add the evaluation's
+    table to the model card of the actor it evaluated (eval_command's --model_name_or_path_finetune)."""
+    from utils.model.card import add_evaluation  # loads transformers: --help and flag errors answer first
+    from utils.trainer.report import pipeline_report, skill_table
 
     evaluation = None
     if evaluation_path is not None and evaluation_path.is_file():
         evaluation = json.loads(evaluation_path.read_text())
     command = shlex.join(["python", "train.py", *(sys.argv[1:])])
-    report = pipeline_report({run.name: run.output for run in runs}, wall_times, evaluation, command)
+    report = pipeline_report({run.name: run.output for run in runs}, wall_times, evaluation, command,
+                             figures_dir=args.output_dir)
     (Path(args.output_dir) / "report.md").write_text(report)
     print(f"---- report ({Path(args.output_dir) / 'report.md'})\n{report}", flush=True)
+    if evaluation:
+        baseline, finetune = (eval_command[eval_command.index(flag) + 1] for flag in
+                              ("--model_name_or_path_baseline", "--model_name_or_path_finetune"))
+        add_evaluation(finetune, f"The held-out checker score of this model (after) and of `{baseline}` (before), "
+                                 f"by train.py's closing evaluation (`prompt_eval.py {shlex.join(eval_command[2:])}`) "
+                                 f"at the end of `{command}`:\n\n{skill_table(evaluation)}")
 
 
 if __name__ == "__main__":

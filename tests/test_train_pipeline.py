@@ -490,7 +490,7 @@ def test_eval_prompts_and_samples_reach_the_closing_evaluation_after_the_recipe(
 def test_a_stage_that_drops_rows_or_steps_says_so_on_train_pys_output(tmp_path):
     """A real step 1 on a local folder whose train split has overlong rows, and more --max_steps than one epoch
     gives: its WARNING lines and skipped counts, written to its log, are printed by train.py too, and the report
-    counts the rows and steps."""
+    counts the rows and steps and shows the step's curves; the step's folder has its model card."""
     data = tmp_path / "data"
     rows = [{"prompt": f"What is {i} + 1?", "completion": f" {i + 1}"} for i in range(32)]
     long = [{"prompt": f"Tell me about {i}.", "completion": " a very long answer indeed" * 12} for i in range(8)]
@@ -512,6 +512,16 @@ def test_a_stage_that_drops_rows_or_steps_says_so_on_train_pys_output(tmp_path):
     assert all(line in (out / "actor-models" / "tiny" / "training.log").read_text() for line in said)
     assert "| 1 SFT | rows kept (train / eval) | 32 of 40 / 8 of 8 |" in lines
     assert "| 1 SFT | optimizer steps | 4 of 50 asked (1 epochs) |" in lines
+    # The report draws the step's curves beside it; the step-1 folder has a model card and still loads.
+    assert "![sft: training curves](report-sft.png)" in (out / "report.md").read_text()
+    assert (out / "report-sft.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    from huggingface_hub import ModelCard
+    from transformers import AutoModelForCausalLM
+
+    card = ModelCard.load(out / "actor-models" / "tiny" / "README.md")
+    assert card.data.base_model == "tiny" and card.data.tags == ["chatrlhf", "sft"]
+    assert "| steps | 4 optimizer steps (50 asked) |" in card.text
+    AutoModelForCausalLM.from_pretrained(out / "actor-models" / "tiny")
 
 
 # ---------------------------------------------------------------------- run scripts and launch.sh
@@ -658,7 +668,17 @@ def test_kto_orpo_and_gspo_run_end_to_end_on_the_built_in_task(algorithm, step, 
     AutoModelForCausalLM.from_pretrained(out / actor)  # the trained actor loads
     evaluation = json.loads((out / "evaluation.json").read_text())
     assert {"all", "add"} <= set(evaluation["finetune"]["sampled"]) and "all" in evaluation["baseline"]["greedy"]
-    assert "| after (fine-tuned) | sampled |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| after (fine-tuned) | sampled |" in report
+    # Each stage's curves and the skill scores, as PNG files beside the report; the evaluated actor's card has
+    # its algorithm's tag and the evaluation's table.
+    for stage in ran + ["skills"]:
+        if stage != "pairs":  # the sampled pairs train nothing
+            assert f"(report-{stage}.png)" in report and (out / f"report-{stage}.png").read_bytes()[:4] == b"\x89PNG"
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(out / actor / "README.md")
+    assert algorithm in card.data.tags and "## Evaluation" in card.text and "| after (fine-tuned) |" in card.text
 
 
 def test_a_second_driver_leaves_a_running_steps_log_alone(tmp_path):

@@ -29,6 +29,7 @@ from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
                                    create_unsupervised_dataset, data_bound, data_metrics, fit_auto_lengths,
                                    make_dataloader)
+from utils.model.card import model_card
 from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
 from utils.rl.reward_fns import load_reward_fn
@@ -122,7 +123,7 @@ def main(argv=None):
         set_python_random_state(resumed["shuffler"], shuffler)
         if unsup_batches is not None:
             unsup_batches.skip(resumed["unsup_batches_drawn"])
-    monitor = Monitor(args, "step3_ppo")
+    monitor = Monitor(args, "step3_ppo", args.output_dir, resumed=resumed is not None)
     if eval_prompts and not resumed:
         evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
     bar = progress(total=total_steps, initial=step, desc="ppo", unit="prompt batch")
@@ -159,16 +160,19 @@ def main(argv=None):
     bar.close()
     monitor.close()
 
-    # Save
-    for name, model_engine in (("actor", engine.actor), ("critic", engine.critic), ("actor_ema", engine.actor_ema)):
-        if model_engine is not None:
-            save_hf_model(model_engine.module, tokenizer, f"{args.output_dir}/{name}",
-                          model_engine.zero_optimization_stage(), settings=training_flags(args, step=3))
+    # Save (each folder with its model card; the wall time in metrics.json counts the saves)
     metrics = summarize(history, evaluations, time.time() - start_time)
     metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps)
     if engine.critic is not None:
         metrics.update(critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
     metrics.update(budget, **data_metrics(prompt_dataset.counts))
+    settings = training_flags(args, step=3)
+    for name, model_engine in (("actor", engine.actor), ("critic", engine.critic), ("actor_ema", engine.actor_ema)):
+        if model_engine is not None:
+            save_hf_model(model_engine.module, tokenizer, f"{args.output_dir}/{name}",
+                          model_engine.zero_optimization_stage(), settings=settings,
+                          card=model_card(settings, metrics, role=name))
+    metrics["wall_time_s"] = time.time() - start_time
     write_metrics(args.output_dir, metrics)
     scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}  # not rows_skipped
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**scalars)}")

@@ -17,11 +17,13 @@ from utils.runtime.progress import is_rank_0
 TRAINING_SETTINGS = "training_settings.json"
 """The flags that shaped a saved model's training (args.training_flags), saved with it: evaluation tools take
 their lengths from it."""
+MODEL_CARD = "README.md"
+"""A saved model's card: Hugging Face front matter and how it was trained (utils/model/card.py)."""
 # Files that belong to a saved model; anything else in an output folder (training.log, TensorBoard runs,
 # checkpoints) is the run's and survives a new save.
 MODEL_FILE_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
                        "*.bin", "*.bin.index.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
-                       "vocab*", "merges.txt", "chat_template*", TRAINING_SETTINGS)
+                       "vocab*", "merges.txt", "chat_template*", TRAINING_SETTINGS, MODEL_CARD)
 
 
 def gather_state_dict(module, zero_stage):
@@ -51,10 +53,11 @@ def gather_state_dict(module, zero_stage):
     return state_dict
 
 
-def save_hf_model(module, tokenizer, output_dir, zero_stage=0, settings=None):
+def save_hf_model(module, tokenizer, output_dir, zero_stage=0, settings=None, card=None):
     """Write `module` (a transformers model, or a module with the same `save_pretrained(dir, state_dict=...)`)
     and its tokenizer into `output_dir` as a Hugging Face folder, with the run's `settings` (the flags that shaped
-    its training) as TRAINING_SETTINGS if given. Every rank must call it (ZeRO-3 gathers).
+    its training) as TRAINING_SETTINGS and its model `card` (utils/model/card.py) as MODEL_CARD if given. Every rank
+    must call it (ZeRO-3 gathers).
 
     ChatRLHFError, nothing written, if a weight is not finite (a run that diverged: its model is of no use). If
     the write fails (a full disk), `output_dir` keeps what it held and the model is written to a new folder in the
@@ -73,6 +76,8 @@ def save_hf_model(module, tokenizer, output_dir, zero_stage=0, settings=None):
             tokenizer.save_pretrained(folder)
             if settings is not None:
                 (Path(folder) / TRAINING_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+            if card is not None:
+                (Path(folder) / MODEL_CARD).write_text(card)
 
         if problem is None:
             try:

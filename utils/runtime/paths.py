@@ -151,7 +151,7 @@ class FolderLock:
 # ---- the folder a run writes -------------------------------------------------------------------------------------
 
 
-def claim_folder(out, flag="--output_dir", inputs=None, model_dirs=None, files=None):
+def claim_folder(out, flag="--output_dir", inputs=None, model_dirs=None, files=None, scratch=()):
     """Claim the folder `out` a run writes, before any data or model is loaded (ConfigError naming `flag` if it
     cannot be had), so that nothing fails late or does harm:
 
@@ -160,7 +160,8 @@ def claim_folder(out, flag="--output_dir", inputs=None, model_dirs=None, files=N
       the folder holding such a file (a data folder whose train.jsonl the run would replace);
     - `out` is, or can be made, a folder this process can write in (a file is created there and deleted);
     - no other run writes it at the same time: an exclusive FolderLock, held until this process's `cli_entry` main
-      ends, naming its PID. Folders made here are removed at the end if the run left them empty.
+      ends, naming its PID. Folders made here are removed at the end if the run left them empty, or holding only
+      `scratch` files (names of files it writes as it goes, such as its monitor's history, that keep nothing).
     Every tool that writes an output folder claims it so (the training steps through
     utils.trainer.checkpoint.claim_output_dir, which adds their checkpoints' rules).
     """
@@ -188,7 +189,7 @@ def claim_folder(out, flag="--output_dir", inputs=None, model_dirs=None, files=N
         remove_if_empty(created)
         raise ConfigError(f"{flag} {out} is in use by another run (PID {lock.holder()}, holding {lock.path}); wait "
                           f"for it to end or pick another {flag}")
-    on_exit(lambda: (lock.release(), remove_if_empty(created)))
+    on_exit(lambda: (lock.release(), remove_if_empty(created, scratch)))
     return lock
 
 
@@ -224,10 +225,14 @@ def _make_dirs(out, flag, named=None):
     return missing
 
 
-def remove_if_empty(folders):
-    """Remove each folder in turn (deepest first) while it is empty."""
+def remove_if_empty(folders, scratch=()):
+    """Remove each folder in turn (deepest first) while it is empty, or holds only files named in `scratch`."""
     for folder in folders:
         try:
+            entries = list(folder.iterdir())
+            if all(entry.name in scratch and entry.is_file() for entry in entries):
+                for entry in entries:
+                    entry.unlink()
             folder.rmdir()
         except OSError:
             return

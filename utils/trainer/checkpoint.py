@@ -44,6 +44,7 @@ from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, int
 from utils.runtime.paths import (claim_folder, delete_leftovers, make_temp_dir_beside, replace_dir,
                                  write_file_atomic)
 from utils.runtime.progress import is_rank_0
+from utils.trainer.monitor import HISTORY
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -161,8 +162,9 @@ def claim_output_dir(args, inputs=None, model_dirs=None):
     - a fresh run does not start over an earlier run's checkpoints (its pruning would delete them): --resume
       continues them, --overwrite_output_dir deletes them first;
     - temporary folders and files left by an interrupted save are deleted.
-    Folders it had to create are removed at exit if the run left them empty. An interruption says "resume with
-    --resume" from the moment there is a checkpoint to resume from.
+    Folders it had to create are removed at exit if the run left them empty (or holding its monitor's history
+    alone: a run that failed before its first checkpoint or save). An interruption says "resume with --resume"
+    from the moment there is a checkpoint to resume from.
     """
     message = None
     if is_rank_0():
@@ -178,7 +180,7 @@ def claim_output_dir(args, inputs=None, model_dirs=None):
 
 def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
     claim_folder(out, "--output_dir", {flag: path for flag, path in inputs.items() if Path(path).is_dir()},
-                 model_dirs=model_dirs or [out])
+                 model_dirs=model_dirs or [out], scratch=(HISTORY,))
     on_exit(lambda: interrupt_hint(None))
     root = out / CHECKPOINTS
     earlier = checkpoints_in(root)

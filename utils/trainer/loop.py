@@ -7,6 +7,7 @@ import torch
 
 from utils.data.data_utils import create_prompt_dataset, data_bound, data_metrics, fit_auto_lengths, make_dataloader
 from utils.model.model_utils import count_parameters, load_tokenizer
+from utils.model.card import model_card
 from utils.model.save import save_hf_model
 from utils.runtime.args import column_keys, training_flags
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
@@ -58,11 +59,11 @@ def step_engine(model, ds_config, args, train_loader, eval_loader, world_size, w
 
 class LoopState:
     """What a step keeps around its loop: where it is in the data (`position`), the `checkpointer` (resumed from
-    with --resume: then `resumed` holds the checkpoint's state, else None), the TensorBoard `monitor` under
-    `run_name`, and the `throughput` meter. `flags` are the flags that shape training (`step` names the step),
-    recorded with each checkpoint and saved with the model. `counts` are what save_run adds to metrics.json: the
-    rows each split read and kept (data_metrics), the rows an evaluation scores, and the step budget
-    (step_budget)."""
+    with --resume: then `resumed` holds the checkpoint's state, else None), the `monitor` (TensorBoard under
+    `run_name`, the history in --output_dir), and the `throughput` meter. `flags` are the flags that shape training
+    (`step` names the step), recorded with each checkpoint and saved with the model. `counts` are what save_run
+    adds to metrics.json: the rows each split read and kept (data_metrics), the rows an evaluation scores, and the
+    step budget (step_budget)."""
 
     def __init__(self, args, engine, train_loader, world_size, *, step, run_name):
         self.flags = training_flags(args, step=step)
@@ -71,7 +72,7 @@ class LoopState:
         self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
                                          self.position, flags=self.flags)
         self.resumed = self.checkpointer.resume() if args.resume else None
-        self.monitor = Monitor(args, run_name)
+        self.monitor = Monitor(args, run_name, args.output_dir, resumed=self.resumed is not None)
         self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
 
     def evaluator(self, engine, evaluate):
@@ -179,13 +180,14 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
 
 
 def save_run(engine, tokenizer, args, metrics, state, start_time):
-    """The end of a step: the run's totals and counts (LoopState.counts) added to `metrics`, TensorBoard closed,
-    the model saved as a Hugging Face folder in --output_dir with its training flags, and metrics.json beside
-    it."""
+    """The end of a step: the run's totals and counts (LoopState.counts) added to `metrics`, the monitor closed,
+    the model saved as a Hugging Face folder in --output_dir with its training flags and model card, and
+    metrics.json beside it."""
     metrics.update(state.counts, optimizer_steps=engine.global_steps, parameters=count_parameters(engine.module),
                    wall_time_s=time.time() - start_time)
     state.monitor.close()
-    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags)
+    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags,
+                  card=model_card(state.flags, metrics))
     write_metrics(args.output_dir, metrics)
     scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**scalars)}")

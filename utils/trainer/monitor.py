@@ -1,7 +1,11 @@
 """What a run reports: scalars to the trackers of --report_to (utils/runtime/trackers.py: TensorBoard, W&B,
-MLflow) and the console, and throughput as DeepSpeed-Chat's `print_throughput` computes it (Megatron's FLOP
-formula)."""
+MLflow), the same scalars as a JSON-lines history beside the step's output (what train.py's report draws its curves
+from), console lines, and throughput as DeepSpeed-Chat's `print_throughput` computes it (Megatron's FLOP formula),
+with the peak GPU memory on CUDA."""
 import json
+from pathlib import Path
+
+import torch
 
 from utils.data.packing import batch_counts
 from utils.runtime.dist import print_rank_0
@@ -9,14 +13,23 @@ from utils.runtime.progress import is_rank_0
 from utils.runtime.trackers import TrackerSettings, open_trackers
 
 
+HISTORY = "history.jsonl"
+"""A step's scalars, one JSON line per `Monitor.write` ({"step", "prefix", name: value...}), in its output folder."""
+
+
 class Monitor:
-    """Scalars to the trackers of --report_to (rank 0 only), each in a run `run_name` that holds the step's flags.
+    """Scalars to the trackers of --report_to, each in a run `run_name` that holds the step's flags, and, always, to
+    HISTORY in `history_dir` (if given); rank 0 only.
 
     All steps of a pipeline write under one --tensorboard_path (each in its own folder, so one TensorBoard shows
-    the curves of the whole pipeline) and one --tracking_dir, their W&B and MLflow runs grouped by --run_group."""
+    the curves of the whole pipeline) and one --tracking_dir, their W&B and MLflow runs grouped by --run_group.
+    HISTORY is started anew by a fresh run and continued by a resumed one (whose steps after its checkpoint then
+    appear twice: `read_history` keeps the later line)."""
 
-    def __init__(self, args, run_name):
-        self.trackers = []
+    def __init__(self, args, run_name, history_dir=None, resumed=False):
+        self.trackers, self.history = [], None
+        self.history_path = Path(history_dir) / HISTORY if history_dir is not None and is_rank_0() else None
+        self.history_mode = "a" if resumed else "w"  # opened at the first write: a run that fails first leaves none
         if is_rank_0() and args.report_to:
             config = json.loads(json.dumps(vars(args), default=str))
             settings = TrackerSettings(args.tensorboard_path, args.tracking_dir or args.output_dir, args.run_group)
@@ -26,11 +39,52 @@ class Monitor:
         scalars = {f"{prefix}/{name}": float(value) for name, value in values.items()}
         for tracker in self.trackers:
             tracker.log(step, scalars)
+        if self.history_path is not None:
+            if self.history is None:
+                self.history = open(self.history_path, self.history_mode)
+                if self.history.tell() > 0 and not self.history_path.read_bytes().endswith(b"\n"):
+                    self.history.write("\n")  # after the torn last line of a run killed mid-write
+            line = {"step": int(step), "prefix": prefix, **{name: float(value) for name, value in values.items()}}
+            self.history.write(json.dumps(line) + "\n")
+            self.history.flush()
 
     def close(self):
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
+        if self.history is not None:
+            self.history.close()
+            self.history = None
+
+
+def read_history(folder):
+    """{prefix: {name: [(step, value), ...] by step}} of the HISTORY in `folder` ({} without one); where a resumed
+    run wrote a step again, its later line wins. A line that is not a JSON object (a run killed mid-write) is
+    skipped."""
+    path = Path(folder) / HISTORY
+    if not path.is_file():
+        return {}
+    latest = {}
+    for text in path.read_text().splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("step"), int) and isinstance(line.get("prefix"), str):
+            for name, value in line.items():
+                if name not in ("step", "prefix") and isinstance(value, (int, float)):
+                    latest[(line["prefix"], name, line["step"])] = float(value)
+    history = {}
+    for (prefix, name, step), value in sorted(latest.items()):
+        history.setdefault(prefix, {}).setdefault(name, []).append((step, value))
+    return history
+
+
+def peak_memory():
+    """{"peak_memory_gib": the most GPU memory this process's tensors have held} on CUDA; {} elsewhere."""
+    if not torch.cuda.is_available():
+        return {}
+    return {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
 
 
 def format_scalars(**values):
@@ -92,9 +146,10 @@ class Throughput:
         figures = {"samples_per_s": self.samples * self.world_size / elapsed,
                    "tokens_per_s": self.tokens * self.world_size / elapsed,
                    "tflops": self.flops / elapsed / 1e12,
-                   "latency_s": elapsed / self.steps}
+                   "latency_s": elapsed / self.steps, **peak_memory()}
+        memory = f", peak GPU memory {figures['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in figures else ""
         print_rank_0(f"throughput: latency {figures['latency_s']:.3f} s/step, "
                      f"{figures['samples_per_s']:.1f} samples/s, {figures['tokens_per_s']:.0f} tokens/s, "
-                     f"{figures['tflops']:.4f} TFLOPs per process")
+                     f"{figures['tflops']:.4f} TFLOPs per process{memory}")
         self._reset()
         return figures

@@ -37,6 +37,7 @@ from utils.runtime.dist import all_reduce_mean, all_reduce_sum, assert_finite, t
 from utils.runtime.errors import ConfigError
 from utils.runtime.tool_format import tool_use
 from utils.trainer.frozen import moving_average
+from utils.trainer.monitor import peak_memory
 
 
 class PPOTrainer:
@@ -313,6 +314,7 @@ class PPOTrainer:
         generate_time = sum(exp.stats["generate_time"] for exp in experiences)
         round_stats["tokens_per_s"] = sum(exp.stats["generated_tokens"] for exp in experiences) / generate_time
         round_stats["generate_time"], round_stats["train_time"] = generate_time, train_time
+        round_stats.update(peak_memory())  # on CUDA
         del round_stats["generated_tokens"]
         # Every rank reports the same numbers: the mean over ranks.
         return {key: all_reduce_mean(torch.tensor(float(value))).item() for key, value in round_stats.items()}

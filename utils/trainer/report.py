@@ -1,8 +1,9 @@
 """The table a pipeline run ends with: what each step measured (its `metrics.json`: scores, the rows it kept of
 those it read, the steps it trained), which loss and estimator it trained with (its saved flags, described by their
 registries), how long it took, and the side-by-side evaluation of the actors (with what their answers were: the best
-constant answer's score, distinct answers, answers cut at the limit). `train.py` writes it to
-`<output>/report.md`; the README quotes one."""
+constant answer's score, distinct answers, answers cut at the limit), then the pictures (utils/trainer/plots.py):
+each stage's curves and the scores per skill before and after. `train.py` writes it to `<output>/report.md`, the
+pictures beside it; the README quotes one."""
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from utils.model.save import read_training_settings
 from utils.rl.estimators import ESTIMATORS
 from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.preference_losses import PREFERENCE_LOSSES
+from utils.trainer.plots import report_figures
 
 # The registry flags whose value a stage's report rows name, with the registry that describes each value.
 VARIANT_FLAGS = {
@@ -89,10 +91,11 @@ def variant_rows(stage, folder, label):
     return rows
 
 
-def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
+def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figures_dir=None):
     """Markdown for the stages whose metrics exist. stage_dirs: {stage name (train.py's STAGES): its output
     folder}; wall_times: {stage: seconds} of this run; evaluation: `inference.evaluation.evaluate_models` output
-    with models "baseline" (step-1 actor) and "finetune" (the final actor)."""
+    with models "baseline" (step-1 actor) and "finetune" (the final actor); figures_dir: where the pictures are
+    drawn (report.md's folder: the markdown links them by name), None for none."""
     sft, reward, ppo, rl = (_load(Path(stage_dirs[name]) / "metrics.json") if name in stage_dirs else None
                             for name in ("sft", "reward", "ppo", "rl"))
     rows = []
@@ -156,6 +159,9 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None):
         lines.insert(0, f"Measured by `{command}`:\n")
     if evaluation:
         lines += ["", skill_table(evaluation)]
+    if figures_dir is not None:
+        for figure in report_figures(stage_dirs, evaluation, figures_dir):
+            lines += ["", figure]
     return "\n".join(lines) + "\n"
 
 
