@@ -1,7 +1,7 @@
 """Run an RLHF pipeline: the stages of an algorithm (training/pipeline.py), then a side-by-side evaluation of the
 actor before and after.
 
-    python train.py                                   # PPO: SFT, reward model, PPO on the built-in default
+    python train.py                                   # PPO: SFT, a reward model on its judged answers, PPO
     python train.py --algorithm dpo                   # SFT, then 4 rounds of DPO on its own judged answers
     python train.py --algorithm dpo --pair-judge none # SFT, then DPO on the data set's own pairs
     python train.py --algorithm grpo                  # SFT, then critic-free RL on the task's checker
