@@ -37,6 +37,14 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> t
     return z / temperature if temperature != 1.0 else z
 
 
+def _add_weight_gradient(total, grad_logits, hidden, dtype):
+    """total + grad_logits.T @ hidden in `dtype`: a new tensor for the first chunk (total None), in place after."""
+    part = grad_logits.t() @ hidden
+    if total is None:
+        return part.to(dtype)
+    return total.add_(part.to(dtype))
+
+
 def _check(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> None:
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden {tuple(hidden.shape)} must be (N, H) and weight {tuple(weight.shape)} (V, H)")
@@ -71,7 +79,7 @@ class _LinearLogprobs(torch.autograd.Function):
         temperature = ctx.temperature
         want_hidden, want_weight = ctx.needs_input_grad[:2]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if want_weight else None
+        grad_weight = None
         for chunk in _chunks(hidden.shape[0], weight.shape[0]):
             grad = grad_logprobs[chunk].to(lse.dtype).unsqueeze(-1)  # (n, 1)
             z = _logits(hidden[chunk], weight, temperature)
@@ -81,7 +89,9 @@ class _LinearLogprobs(torch.autograd.Function):
             if want_hidden:
                 grad_hidden[chunk] = grad_logits @ weight
             if want_weight:
-                grad_weight += (grad_logits.t() @ hidden[chunk]).to(grad_weight.dtype)
+                grad_weight = _add_weight_gradient(grad_weight, grad_logits, hidden[chunk], lse.dtype)
+        if want_weight and grad_weight is None:  # no rows
+            grad_weight = torch.zeros_like(weight)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None)
 
 
@@ -107,8 +117,8 @@ class _LinearNLL(torch.autograd.Function):
         dtype = _compute_dtype(weight.dtype)
         rows = hidden.shape[0]
         want_hidden, want_weight = (grad_enabled and wanted for wanted in ctx.needs_input_grad[:2])
-        grad_hidden = torch.zeros_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if want_weight else None
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = None
         total = torch.zeros((), dtype=dtype, device=hidden.device)
         for chunk in _chunks(rows, weight.shape[0]):
             z = _logits(hidden[chunk], weight, 1.0)
@@ -121,17 +131,19 @@ class _LinearNLL(torch.autograd.Function):
                 if want_hidden:
                     grad_hidden[chunk] = grad_logits @ weight
                 if want_weight:
-                    grad_weight += (grad_logits.t() @ hidden[chunk]).to(dtype)
+                    grad_weight = _add_weight_gradient(grad_weight, grad_logits, hidden[chunk], dtype)
+        if want_weight and grad_weight is None:  # no rows
+            grad_weight = torch.zeros_like(weight)
         ctx.grads = (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype))
         return total / max(rows, 1)
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.grads
+        grads = ctx.grads
         del ctx.grads
-        scale = grad_loss.to(grad_hidden.dtype if grad_hidden is not None else grad_weight.dtype)
-        return (None if grad_hidden is None else grad_hidden * scale,
-                None if grad_weight is None else grad_weight * scale, None, None)
+        if grad_loss.item() != 1.0:  # 1 (no accumulation): the gradients as they are, not a copy of (V, H)
+            grads = tuple(None if grad is None else grad * grad_loss.to(grad.dtype) for grad in grads)
+        return (*grads, None, None)
 
 
 def linear_nll(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -54,12 +54,12 @@ def test_logprobs_and_gradients_equal_the_full_logits(chunking, temperature):
         torch.testing.assert_close(actual, wanted)
 
 
-def test_nll_and_its_gradients_equal_cross_entropy(chunking):
+@pytest.mark.parametrize("scale", [1.0, 0.37])  # what the backward pass is given (0.37: a loss scaled, say)
+def test_nll_and_its_gradients_equal_cross_entropy(chunking, scale):
     hidden, weight, labels = inputs(rows=9, vocab_size=4)
     loss = linear_nll(hidden, weight, labels)
     expected = torch.nn.functional.cross_entropy(hidden @ weight.t(), labels)
     torch.testing.assert_close(loss, expected)
-    scale = 0.37  # what the backward pass is given (a loss scaled by gradient accumulation, say)
     actual = torch.autograd.grad(loss * scale, (hidden, weight))
     for got, wanted in zip(actual, torch.autograd.grad(expected * scale, (hidden, weight))):
         torch.testing.assert_close(got, wanted)
