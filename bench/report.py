@@ -99,10 +99,9 @@ def write_report(results, tables, path, targets, argv):
     path.parent.mkdir(parents=True, exist_ok=True)
     machine = results["machine"]
     settings = results["settings"]
-    head = (f"{cpu_model()}, {machine['cpus']} CPUs, {settings['threads']} thread(s) a process; dtype "
-            f"{machine['dtype']}; commit {commit()}; torch {machine['torch']}, transformers "
-            f"{machine['transformers']}, deepspeed {machine['deepspeed']}; {settings['repeats']} repeats after "
-            f"{settings['warmup']} warm-up; {results['wall_time_s']:.0f} s")
+    head = (f"CPU (lscpu): {cpu_model()}; dtype {machine['dtype']}; commit {commit()}; torch {machine['torch']}, "
+            f"transformers {machine['transformers']}, deepspeed {machine['deepspeed']}; {settings['repeats']} "
+            f"repeats after {settings['warmup']} warm-up; {results['wall_time_s']:.0f} s")
     rows = ratio_rows(results, targets)
     plot = path.with_suffix(".png")
     plotted = bool(rows) and plot_ratios(rows, plot, head if len(head) < 120 else head[:117] + "...")
