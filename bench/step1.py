@@ -14,18 +14,20 @@ from bench.measure import matmul_flops, paired_rates
 from bench.models import model_path
 from utils.data.data_utils import DataCollatorSFT, create_prompt_dataset, create_unsupervised_dataset, make_dataloader
 from utils.data.packing import batch_counts
-from utils.model.model_utils import count_parameters, create_hf_model, load_tokenizer
+from utils.model.model_utils import causal_lm_loss, count_parameters, create_hf_model, load_tokenizer
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import assert_finite
 from utils.runtime.ds_utils import GRADIENT_CLIPPING, get_optimizer_grouped_parameters, resolve_dtype, torch_dtype
 from utils.trainer.engine import eager, train_ds_config_from_args, train_engine_from_args
 from utils.trainer.monitor import training_flops
 
-# The tiny model as the tiny recipe trains it (training/recipes.py); the ~100M model (the MFU target) on full
-# 256-token blocks of the built-in plain-text corpus. Both in the dtype `--dtype auto` picks on this machine (bf16
+# The tiny model and SmolLM2-135M (whose 49,152-token vocabulary makes the output layer its largest matmul) on step
+# 1's SFT data at the batch and length of their recipes (training/recipes.py); the ~100M model (the MFU target) on
+# full 256-token blocks of the built-in plain-text corpus. Both in the dtype `--dtype auto` picks on this machine (bf16
 # only where the hardware runs it natively: utils.runtime.ds_utils.choose_dtype).
-CASES = {"tiny": {"dtype": "auto", "batch_size": 64, "seq_len": 64, "steps_per_run": 5},
-         "llama-100m": {"dtype": "auto", "batch_size": 4, "seq_len": 256, "steps_per_run": 1}}
+CASES = {"tiny": {"dtype": "auto", "batch_size": 64, "seq_len": 64, "steps_per_run": 5, "data": "sft"},
+         "llama-100m": {"dtype": "auto", "batch_size": 4, "seq_len": 256, "steps_per_run": 1, "data": "blocks"},
+         "smollm2-135m": {"dtype": "auto", "batch_size": 8, "seq_len": 64, "steps_per_run": 1, "data": "sft"}}
 ADAM_BETAS = (0.9, 0.95)  # utils.runtime.ds_utils.create_optimizer's default
 
 
@@ -41,10 +43,10 @@ def step1_args(path, dtype, batch_size, seq_len, zero_stage=0, compiled=False):
 
 
 def step1_batches(model_name, tokenizer, args, count):
-    """`count` collated batches in step 1's order: for the tiny model, step 1's own SFT data; for the larger one,
-    full `max_seq_len`-token blocks of the built-in corpus (real text, no padding, as a throughput test wants),
-    through the same collator."""
-    if model_name == "tiny":
+    """`count` collated batches in step 1's order: step 1's own SFT data (prompts labelled -100), or for the ~100M
+    model full `max_seq_len`-token blocks of the built-in corpus (real text, no padding, as a throughput test
+    wants), through the same collator."""
+    if CASES[model_name]["data"] == "sft":
         dataset, _ = create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, 1, args.seed,
                                            tokenizer, args.max_seq_len)
     else:
@@ -66,9 +68,9 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
 
 
 def engine_train_step(engine, batch):
-    """One micro-step of step 1's loop (utils.trainer.loop.train_loop): forward, finiteness check, backward, step;
-    the loss."""
-    loss = engine(**batch, use_cache=False).loss
+    """One micro-step of step 1's loop (utils.trainer.loop.train_loop): step 1's loss (`causal_lm_loss`: the
+    output layer fused with it), finiteness check, backward, step; the loss."""
+    loss = causal_lm_loss(engine, batch)
     assert_finite(loss, "the training loss")
     engine.backward(loss)
     engine.step()
@@ -76,7 +78,7 @@ def engine_train_step(engine, batch):
 
 
 class BareTrainer:
-    """The same training step in plain PyTorch. The model loads as step 1 loads it and is cast to the training
+    """The same training step in plain PyTorch, the loss from the model's full logits. The model loads as step 1 loads it and is cast to the training
     dtype; in bf16 the optimizer updates fp32 master weights and the bf16 weights are copied from them after each
     step, as DeepSpeed does (at ZeRO-0, in its `FP16_UnfusedOptimizer`)."""
 

@@ -6,6 +6,7 @@ rank 0 as one `BENCH_WORKER_RESULT {json}` line, with the seconds of each of ran
     deepspeed --num_gpus 2 --module bench.worker step1 --model tiny --zero_stage 3
 """
 import argparse
+import contextlib
 import json
 
 import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait policy before torch loads)
@@ -21,6 +22,8 @@ def parse_args(argv=None):
     parser.add_argument("--model", default="tiny", help="A bench model of step 1 (bench/step1.py CASES).")
     parser.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage of step 1.")
     parser.add_argument("--steps", type=int, default=2, help="Training steps (step 1) or PPO steps (step 3).")
+    parser.add_argument("--plain_logits", action="store_true",
+                        help="Step 1's loss from the model's full logits instead of the fused output layer.")
     parser.add_argument("--local_rank", type=int, default=-1, help="Set by the deepspeed launcher.")
     return parser.parse_args(argv)
 
@@ -60,7 +63,10 @@ def main(argv=None):
     _, world_size, _, _ = init_distributed()
     quiet_transformers()
     if args.step == "step1":
-        step_seconds = run_step1(args.model, args.zero_stage, args.steps, world_size)
+        from utils.model.model_utils import plain_output_layer
+
+        with plain_output_layer() if args.plain_logits else contextlib.nullcontext():
+            step_seconds = run_step1(args.model, args.zero_stage, args.steps, world_size)
     else:
         step_seconds = run_step3(args.steps)
     peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(world_size)]

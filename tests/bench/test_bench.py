@@ -31,9 +31,9 @@ def assert_positive(summary, what):
 
 
 def test_quick_bench_writes_every_section(tmp_path):
-    output = tmp_path / "results.json"
-    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--output", str(output)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    output, report = tmp_path / "results.json", tmp_path / "docs" / "bench-quick.md"
+    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--output", str(output), "--report", str(report)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = json.loads(output.read_text())
     assert set(SECTIONS) <= set(results)
@@ -64,6 +64,12 @@ def test_quick_bench_writes_every_section(tmp_path):
     for label, figure in memory.items():
         assert 0 < figure["peak_rss_mb"] < math.inf and len(figure["per_rank_mb"]) == int(label[-1]), label
     assert "| step 1 train tokens/s" in run.stdout
+    # The page under docs/: the command, the machine, the commit and the tables, and the plot of the ratios.
+    page = report.read_text()
+    assert f"python -m bench --quick --output {output} --report {report}" in page
+    assert "commit " in page and results["machine"]["dtype"] in page and "| step 1 train tokens/s" in page
+    assert "![paired ratios](bench-quick.png)" in page
+    assert report.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_packing_section_trains_the_same_losses_packed_and_padded(one_thread, distributed):
@@ -93,6 +99,20 @@ def test_groups_section_computes_the_same_logits_on_fewer_positions(one_thread):
     assert result["max_logit_difference"] < 1e-4
     assert result["positions"]["ours"] < result["positions"]["baseline"]
     assert len(result["ratio"]) == 1 and result["ratio"][0] > 0
+
+
+def test_head_section_gives_the_full_logits_values_fused(one_thread, distributed):
+    """bench/head.py on the tiny model: the fused output layer gives step 1's loss and step 3's log-probs and
+    gradients of the full logits, and both sides are timed. No speed threshold (the figure is the bench's)."""
+    from bench.head import SHAPES, measure_head_step1, measure_head_step3
+
+    step1 = measure_head_step1("tiny", repeats=1, warmup=0, num_batches=1)
+    assert step1["max_loss_difference"] < 1e-5
+    step3 = measure_head_step3("tiny", "groups", repeats=1, warmup=0,
+                               case=dict(SHAPES["groups"], group=2, prompt_len=10, answer_len=3))
+    assert step3["max_difference"] < 1e-5
+    for result in (step1, step3):
+        assert len(result["ratio"]) == 1 and result["ratio"][0] > 0
 
 
 @pytest.mark.e2e

@@ -18,7 +18,7 @@ import torch
 
 from utils.data.data_utils import DataCollatorSFT
 from utils.data.packing import DataCollatorPackedSFT, check_keeps_samples_apart
-from utils.model.model_utils import create_hf_model, resolve_model_path
+from utils.model.model_utils import causal_lm_loss, create_hf_model, resolve_model_path
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import to_device
 from utils.runtime.errors import cli_entry
@@ -43,7 +43,7 @@ def evaluate_perplexity(engine, eval_loader, device):
         for batch in eval_batches(eval_loader):
             batch = to_device(batch, device)
             tokens = (batch["labels"][:, 1:] != -100).sum()
-            loss_sum += engine(**batch, use_cache=False).loss.float() * tokens
+            loss_sum += causal_lm_loss(engine, batch).float() * tokens
             token_count += tokens
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(loss_sum)
@@ -86,7 +86,7 @@ def main(argv=None):
                         run_eval(f"after epoch {epoch + 1}/{args.num_train_epochs}").items()})
 
     train_loop(engine, state.position, args, total_steps, device,
-               loss_and_stats=lambda batch: (engine(**batch, use_cache=False).loss, {}),
+               loss_and_stats=lambda batch: (causal_lm_loss(engine, batch), {}),
                throughput=state.throughput, monitor=state.monitor, checkpointer=state.checkpointer,
                checkpoint_state={"metrics": metrics}, epoch_end=epoch_end)
 

@@ -2,8 +2,8 @@
 
 The policy starts from --model_name_or_path (the step-1 actor); a frozen reference (the same weights, or
 --ref_model_name_or_path) scores the same answers. Log-probs are summed over answer tokens only, EOS included
-(utils/rl/tokens.py `sequence_logprobs`), and the loss is a row of utils/rl/preference_losses.py (--loss_type),
-among them:
+(`answer_sequence_logprobs` in utils/model/model_utils.py), and the loss is a row of utils/rl/preference_losses.py
+(--loss_type), among them:
 
     sigmoid  DPO: -log sigmoid(beta * (log-ratio margin)), with --label_smoothing for conservative DPO
     ipo      IPO: (log-ratio margin - 1 / (2 beta))^2
@@ -31,10 +31,9 @@ import time
 import torch
 
 from utils.data.data_utils import DataCollatorPreference, ListDataset
-from utils.model.model_utils import create_hf_model, model_forward_kwargs, resolve_model_path
+from utils.model.model_utils import answer_sequence_logprobs, create_hf_model, resolve_model_path
 from utils.rl.losses import chosen_nll
 from utils.rl.preference_losses import PREFERENCE_LOSSES, preference_loss
-from utils.rl.tokens import sequence_logprobs
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, registry_help
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.errors import ConfigError, cli_entry
@@ -100,9 +99,7 @@ def uses_reference(args):
 def answer_logps(engine, batch):
     """log pi(y|x) of every row of a preference batch (chosen rows, then rejected rows), summed over the answer's
     tokens, EOS included. (2B,)"""
-    logits = engine(input_ids=batch["input_ids"], use_cache=False,
-                    **model_forward_kwargs(engine.module, batch["attention_mask"])).logits
-    return sequence_logprobs(logits, batch["input_ids"], batch["answer_mask"])
+    return answer_sequence_logprobs(engine, batch["input_ids"], batch["attention_mask"], batch["answer_mask"])
 
 
 def reference_logps(reference, batch):

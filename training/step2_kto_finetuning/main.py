@@ -27,9 +27,8 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 import torch
 
 from utils.data.data_utils import DataCollatorFeedback
-from utils.model.model_utils import create_hf_model, model_forward_kwargs, resolve_model_path
+from utils.model.model_utils import answer_sequence_logprobs, create_hf_model, resolve_model_path
 from utils.rl.kto import kto_kl_estimate, kto_loss
-from utils.rl.tokens import sequence_logprobs
 from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
 from utils.runtime.dist import all_reduce_mean, print_rank_0
 from utils.runtime.errors import cli_entry
@@ -60,10 +59,8 @@ def parse_args(argv=None):
 def answer_logps(engine, batch, prefix=""):
     """log pi(y|x) of every row of a feedback batch, summed over the answer's tokens, EOS included (prefix "kl_":
     of its mismatched rows). (B,)"""
-    input_ids = batch[f"{prefix}input_ids"]
-    logits = engine(input_ids=input_ids, use_cache=False,
-                    **model_forward_kwargs(engine.module, batch[f"{prefix}attention_mask"])).logits
-    return sequence_logprobs(logits, input_ids, batch[f"{prefix}answer_mask"])
+    return answer_sequence_logprobs(engine, batch[f"{prefix}input_ids"], batch[f"{prefix}attention_mask"],
+                                    batch[f"{prefix}answer_mask"])
 
 
 def feedback_batch_loss(policy, reference, batch, args):

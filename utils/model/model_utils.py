@@ -1,4 +1,5 @@
 """Finding and loading models and tokenizers: the built-in names, local folders and hub names alike."""
+import contextlib
 import functools
 import inspect
 import json
@@ -270,3 +271,121 @@ def answer_logits(model, seq, attention_mask, prompt_len):
 @functools.lru_cache(maxsize=None)
 def _accepts_logits_to_keep(model_class):
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+
+
+# ---- the output layer and the labels' log-probs together (utils/rl/head_logprobs.py) ----------------------------
+
+FUSED_HEAD_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                      "OPTForCausalLM", "GPT2LMHeadModel")
+"""Transformers' causal LMs whose logits are `lm_head(hidden)` and nothing after (no soft-capping or scale)."""
+_plain_head = [False]
+
+
+@contextlib.contextmanager
+def plain_output_layer():
+    """Within: every model computes its full logits as Hugging Face does (the reference the fused path equals,
+    and the bench's baseline)."""
+    _plain_head.append(True)
+    try:
+        yield
+    finally:
+        _plain_head.pop()
+
+
+def fused_output_layer(model):
+    """The output layer (an nn.Linear) whose inputs the fused log-probs may take, or None where the logits
+    must come from the model's forward: outside FUSED_HEAD_CLASSES, a bias or a LoRA layer on it, its weight
+    partitioned by ZeRO-3, a compiled engine (a hook would recompile it), or under `plain_output_layer`."""
+    import torch
+
+    module = getattr(model, "module", model)
+    if _plain_head[-1] or getattr(model, "is_compiled", False):
+        return None
+    if type(module).__name__ not in FUSED_HEAD_CLASSES or not type(module).__module__.startswith("transformers."):
+        return None
+    head = module.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.bias is not None or hasattr(head.weight, "ds_id"):
+        return None
+    return head
+
+
+@contextlib.contextmanager
+def final_hidden_states(head):
+    """Within: the output layer `head` returns its inputs, the final hidden states (B, T, H), in place of the
+    logits, and computes none (its matmul runs on zero positions): a model's `.logits` are then those hidden
+    states, sliced and gathered as logits would be."""
+    inputs = []
+
+    def keep_input(_module, args):
+        inputs.append(args[0])
+        return (args[0][..., :0, :],)
+
+    def return_input(_module, _args, _output):
+        return inputs.pop()
+
+    handles = [head.register_forward_pre_hook(keep_input), head.register_forward_hook(return_input)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def answer_logprobs(model, seq, attention_mask, prompt_len, temperature=1.0, with_entropy=False):
+    """(logprobs, entropy): log softmax(logits / T)[answer token] of every answer token (B, A), A = seq.shape[1] -
+    prompt_len, with every gradient, and its entropy (no gradient) if asked, else None. The logits are
+    `answer_logits`'; where `fused_output_layer` allows, the answers' final hidden states go through
+    `linear_logprobs` instead, so the (B, A, V) logits are never held."""
+    from utils.rl.head_logprobs import linear_logprobs
+    from utils.rl.tokens import entropy_from_logits, logprobs_from_logits
+
+    labels = seq[:, prompt_len:]
+    head = fused_output_layer(model)
+    if head is None:
+        logits = answer_logits(model, seq, attention_mask, prompt_len)
+        entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+        return logprobs_from_logits(logits, labels, temperature), entropy
+    with final_hidden_states(head):
+        hidden = answer_logits(model, seq, attention_mask, prompt_len)  # (B, A, H)
+    logprobs, entropy = linear_logprobs(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels.reshape(-1),
+                                        temperature, with_entropy)
+    return logprobs.view(labels.shape), None if entropy is None else entropy.view(labels.shape)
+
+
+def answer_sequence_logprobs(model, input_ids, attention_mask, answer_mask):
+    """log pi(y|x) of each row (B,): `utils.rl.tokens.sequence_logprobs` of the model's logits on input_ids;
+    where `fused_output_layer` allows, through `linear_logprobs` on the answer positions' hidden states only."""
+    from utils.rl.head_logprobs import linear_logprobs
+    from utils.rl.tokens import sequence_logprobs
+
+    head = fused_output_layer(model)
+    forward = dict(input_ids=input_ids, use_cache=False,
+                   **model_forward_kwargs(getattr(model, "module", model), attention_mask))
+    if head is None:
+        return sequence_logprobs(model(**forward).logits, input_ids, answer_mask)
+    if answer_mask.shape != (input_ids.shape[0], input_ids.shape[1] - 1):
+        raise ValueError(f"answer_mask {tuple(answer_mask.shape)} must be (B, T - 1) for input_ids "
+                         f"{tuple(input_ids.shape)}")
+    with final_hidden_states(head):
+        hidden = model(**forward).logits[:, :-1]  # (B, T - 1, H)
+    where = answer_mask > 0
+    logprobs, _ = linear_logprobs(hidden[where], head.weight, input_ids[:, 1:][where])
+    rows = where.nonzero()[:, 0]
+    return logprobs.new_zeros(input_ids.shape[0]).index_add(0, rows, logprobs * answer_mask[where].to(logprobs.dtype))
+
+
+def causal_lm_loss(model, batch):
+    """A causal LM's loss on a batch with `labels` (-100: not scored), as Hugging Face's forward computes it: the
+    mean over scored positions of - log p(labels[t + 1] | tokens <= t). Where `fused_output_layer` allows, the
+    scored positions' hidden states go through `linear_nll`, the rest never reach the output layer."""
+    from utils.rl.head_logprobs import linear_nll
+
+    head = fused_output_layer(model)
+    if head is None:
+        return model(**batch, use_cache=False).loss
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    with final_hidden_states(head):
+        hidden = model(**inputs, use_cache=False).logits[:, :-1]  # (B, T - 1, H)
+    labels = batch["labels"][:, 1:]
+    scored = labels != -100
+    return linear_nll(hidden[scored], head.weight, labels[scored])

@@ -23,7 +23,7 @@ from inference.evaluation import DECODINGS, answer_scalars, evaluate_models
 from inference.generation import NEUTRAL_PROCESSORS, NEUTRAL_SAMPLING
 from inference.sampling import sample, supports_native_sampling
 from inference.tool_rollout import tool_rollout
-from utils.model.model_utils import answer_logits, model_forward_kwargs
+from utils.model.model_utils import answer_logprobs, causal_lm_loss, model_forward_kwargs
 from utils.model.reward_model import score_answers
 from utils.rl.estimators import ESTIMATORS
 from utils.rl.experience import Experience, answer_action_mask
@@ -32,7 +32,7 @@ from utils.rl.losses import kl_loss, positive_nll, value_loss
 from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
-from utils.rl.tokens import entropy_from_logits, logprobs_from_logits, masked_mean
+from utils.rl.tokens import masked_mean
 from utils.runtime.dist import all_reduce_mean, all_reduce_sum, assert_finite, to_device
 from utils.runtime.errors import ConfigError
 from utils.runtime.tool_format import tool_use
@@ -86,12 +86,11 @@ class PPOTrainer:
         return seq
 
     def answer_logprobs(self, model, seq, attention_mask, prompt_len, with_entropy=False):
-        """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked)."""
-        logits = answer_logits(model, seq, attention_mask, prompt_len)  # a group's prompt runs once
-        logprobs = logprobs_from_logits(logits, seq[:, prompt_len:], self.args.temperature)
-        if with_entropy:
-            return logprobs, entropy_from_logits(logits.detach(), self.args.temperature)
-        return logprobs
+        """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked): a group's
+        prompt runs once, and the answers' logits are never held whole (`answer_logprobs`)."""
+        logprobs, entropy = answer_logprobs(model, seq, attention_mask, prompt_len, self.args.temperature,
+                                            with_entropy)
+        return (logprobs, entropy) if with_entropy else logprobs
 
     def answer_values(self, critic, seq, attention_mask, prompt_len):
         """V(s_t) for each answer position t: the critic's value at the token before it."""
@@ -321,13 +320,13 @@ class PPOTrainer:
 
     def train_unsupervised(self, batch, unsup_coef):
         """One step of the pretraining (language-modelling) loss on the actor, scaled by unsup_coef."""
-        outputs = self.actor(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False,
-                             **model_forward_kwargs(self.actor.module, batch["attention_mask"]))
-        loss = outputs.loss * unsup_coef
+        lm_loss = causal_lm_loss(self.actor, {"input_ids": batch["input_ids"], "labels": batch["labels"],
+                                              **model_forward_kwargs(self.actor.module, batch["attention_mask"])})
+        loss = lm_loss * unsup_coef
         assert_finite(loss, "the unsupervised loss")
         self.actor.backward(loss)
         self.actor.step()
-        return outputs.loss.item()
+        return lm_loss.item()
 
     # ---- evaluation -------------------------------------------------------------------------------------------
 
