@@ -73,7 +73,7 @@ step1="--dtype $DTYPE --max_steps 20 --print_interval 2"
 step2="--dtype $DTYPE --max_steps 20 --print_interval 2"
 step3="--dtype $DTYPE --max_steps 4 --print_interval 1 --eval_interval 0"
 runs=(  # the hybrid engine's runs last: its inference kernels are the slowest to build
-    "ppo-zero2|--algorithm ppo --step 1 2 3 --zero-stage 2|$step1|$step2|$step3"
+    "ppo-zero2|--algorithm ppo --pair-judge none --step 1 2 3 --zero-stage 2|$step1|$step2|$step3"
     "grpo|--algorithm grpo --step 3 --zero-stage 2 --no-eval|||$step3"
     "dpo|--algorithm dpo --pair-judge none --step 2 --zero-stage 2 --no-eval||$step2|"
     "sft-zero3-full|--algorithm ppo --step 1 --zero-stage 3 --no-eval|$step1 --lora_dim 0 --no-only_optimize_lora||"

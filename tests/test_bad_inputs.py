@@ -454,7 +454,7 @@ CASES = [
     Case("train.py step 3 without step-1 output", "train.py", ["--step", "3", "--output-dir", "{out}"],
          ("--step 3 needs the step-1 actor {out}/actor-models/tiny, which does not exist",)),
     Case("train.py step 2 from the SFT weights without step-1 output", "train.py",
-         ["--step", "2", "--output-dir", "{out}"],
+         ["--step", "2", "--pair-judge", "none", "--output-dir", "{out}"],
          ("--step 2 (--reward-from-sft) needs the step-1 actor {out}/actor-models/tiny, which does not exist",)),
     Case("train.py --pair-judge without step-1 output", "train.py",
          ["--algorithm", "dpo", "--pair-judge", "builtin", "--step", "2", "--output-dir", "{out}"],

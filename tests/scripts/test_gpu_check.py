@@ -32,7 +32,7 @@ def stage_args(argv):
     args = train.parse_args(argv)
     parsed = []
     for run in plan(args):
-        if run.spec.step in args.step:
+        if run.spec.step in args.step and run.spec.folder:  # not sample_pairs.py, a script of inference/
             command = step_command(args, run)  # bash <its run.sh> <main.py flags>
             module = importlib.import_module(f"training.{run.spec.folder}.main")
             parsed.append((run.name, module.parse_args(command[2:])))
