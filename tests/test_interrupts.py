@@ -117,12 +117,13 @@ def test_train_py_interrupted_after_its_steps_names_what_was_running(tmp_path, s
     """Before: `step 3 stopped (its log: ...); resume with --resume` during the closing evaluation and the report,
     when step 3 had finished and nothing was left to resume."""
     name, out = signal.Signals(signum).name, str(tmp_path / "out")
-    code, lines = interrupt_train_py(["--output-dir", out], signum, monkeypatch, capsys,
+    code, lines = interrupt_train_py(["--output-dir", out, "--pair-judge", "none"], signum, monkeypatch, capsys,
                                      when=lambda command: "prompt_eval.py" in " ".join(command))
     assert code == 128 + signum
     assert lines == [f"interrupted: {name}; the closing evaluation stopped, every step having finished (its "
                      "command: the '---- evaluation:' line above)"]
-    code, lines = interrupt_train_py(["--output-dir", out, "--no-eval"], signum, monkeypatch, capsys,
+    code, lines = interrupt_train_py(["--output-dir", out, "--pair-judge", "none", "--no-eval"], signum, monkeypatch,
+                                     capsys,
                                      when=lambda command: False)
     assert code == 128 + signum
     assert lines == [f"interrupted: {name}; writing the report stopped, every step having finished"]

@@ -291,11 +291,13 @@ def test_a_non_finite_loss_stops_with_one_error_line_and_keeps_the_last_checkpoi
 
 
 def test_train_py_passes_save_steps_resume_and_overwrite_to_every_step():
-    result = run([sys.executable, "train.py", "--dry-run", "--save-steps", "50", "--resume"])
+    # --pair-judge none: the training steps alone (the judged pairs' sampling is a script without checkpoints)
+    result = run([sys.executable, "train.py", "--dry-run", "--pair-judge", "none", "--save-steps", "50", "--resume"])
     assert result.returncode == 0, result.stderr
     step_lines = result.stdout.splitlines()[:3]
     assert all("--save_steps 50 --resume" in line for line in step_lines), step_lines
-    overwrite = run([sys.executable, "train.py", "--dry-run", "--overwrite-output-dir"]).stdout.splitlines()[:3]
+    overwrite = run([sys.executable, "train.py", "--dry-run", "--pair-judge", "none",
+                     "--overwrite-output-dir"]).stdout.splitlines()[:3]
     assert all(line.endswith("--overwrite_output_dir") for line in overwrite), overwrite
-    plain = run([sys.executable, "train.py", "--dry-run"]).stdout
+    plain = run([sys.executable, "train.py", "--dry-run", "--pair-judge", "none"]).stdout
     assert "--save_steps" not in plain and "--resume" not in plain and "--overwrite_output_dir" not in plain

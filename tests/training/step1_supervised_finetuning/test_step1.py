@@ -64,7 +64,7 @@ def test_step1_two_processes_zero3_through_train_py(tmp_path):
 def test_dry_run_prints_the_launcher_commands_of_each_deployment():
     commands = {}
     for deployment in ("single_gpu", "single_node", "multi_node"):
-        result = run([sys.executable, "train.py", "--dry-run", "--deployment-type", deployment,
+        result = run([sys.executable, "train.py", "--dry-run", "--pair-judge", "none", "--deployment-type", deployment,
                       "--actor-model", "facebook/opt-1.3b", "--reward-model", "facebook/opt-350m",
                       "--hostfile", "/etc/hosts.ds"])
         assert result.returncode == 0, result.stderr
@@ -90,8 +90,8 @@ def test_reward_model_starts_from_the_step1_actor_when_both_steps_share_a_base_m
     """InstructGPT's choice: with one base model for actor and reward model, step 2 starts from the SFT weights
     (which know the task); --no-reward-from-sft starts it from the base model."""
     def step2_line(*flags):
-        result = run([sys.executable, "train.py", "--dry-run", "--step", "1", "2", "--actor-model", "tiny",
-                      "--reward-model", "tiny", *flags])
+        result = run([sys.executable, "train.py", "--dry-run", "--pair-judge", "none", "--step", "1", "2",
+                      "--actor-model", "tiny", "--reward-model", "tiny", *flags])
         assert result.returncode == 0, result.stderr
         return result.stdout.splitlines()[1]
 
