@@ -36,7 +36,7 @@ import psutil
 
 from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, checker_defaults, evaluation_command, plan,
                                run_inputs, step_command)
-from utils.runtime.args import column_keys
+from utils.runtime.args import add_column_args, column_keys
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
 from utils.runtime.args import registry_help
@@ -108,18 +108,9 @@ def build_parser():
     parser.add_argument("--data-split", default=None,
                         help="Every stage's --data_split (default 2,4,4: step N trains on part N).")
     parser.add_argument("--seed", type=int, default=None, help="Every stage's --seed (each stage's default: 1234).")
-    columns = parser.add_argument_group(
-        "data columns", "Which columns of --data-path's local files, hub data sets or save_to_disk folders hold the "
-                        "fields of the row shapes, for every stage and the evaluation (the steps' --prompt_key ...; "
-                        "default: the field's own name).")
-    columns.add_argument("--prompt-key", default=None, metavar="COLUMN", help="The prompt's column.")
-    columns.add_argument("--chosen-key", default=None, metavar="COLUMN", help="The chosen answer's column.")
-    columns.add_argument("--rejected-key", default=None, metavar="COLUMN", help="The rejected answer's column.")
-    columns.add_argument("--completion-key", default=None, metavar="COLUMN",
-                         help="The column of a prompt's one answer (TRL's completion; KTO's labelled answer).")
-    columns.add_argument("--label-key", default=None, metavar="COLUMN", help="KTO's label's column (true: desirable).")
-    columns.add_argument("--messages-key", default=None, metavar="COLUMN",
-                         help="The column of a whole chat whose last message is the answer.")
+    add_column_args(parser, dashes=True, description=(
+        "Which columns of --data-path's local files, hub data sets or save_to_disk folders hold the fields of the row "
+        "shapes, for every stage and the evaluation (the steps' --prompt_key ...; default: the field's own name)."))
     parser.add_argument("--output-dir", default="./output",
                         help="Where every step's model, log and the evaluation go, in DeepSpeed-Chat's layout "
                              "(<output-dir>/actor-models/..., reward-models/...); default ./output.")

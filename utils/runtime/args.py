@@ -54,28 +54,31 @@ def add_data_args(parser, default_max_seq_len=256, data_path_nargs="*"):
 COLUMN_FLAG_SUFFIX = "_key"
 
 
-def add_column_args(parser):
+COLUMN_FIELDS = {
+    "prompt": "The column holding the prompt (a string, or a list of chat messages).",
+    "chosen": "The column holding the chosen answer (or the whole chosen dialogue or conversation).",
+    "rejected": "The column holding the rejected answer (or the whole rejected dialogue or conversation).",
+    "completion": "The column holding a prompt's one answer (TRL's prompt-completion form, as SFT data; KTO's "
+                  "labelled answer).",
+    "label": "The column holding KTO's label: true for a desirable completion, false for an undesirable one.",
+    "messages": "The column holding a whole chat (a list of messages) whose last message is the answer.",
+}
+"""The fields of the row shapes (utils/data/pair_formats.py) whose column a --<field>_key flag names."""
+
+
+def add_column_args(parser, dashes=False, description=None):
     """The "data columns" group: --<field>_key names the column of the user's data holding field <field> of the
-    row shapes (utils/data/pair_formats.py); the columns are renamed to the fields before the shape is read."""
+    row shapes (utils/data/pair_formats.py); the columns are renamed to the fields before the shape is read.
+    `dashes`: spelt --<field>-key (train.py's flags), with `description` as the group's."""
     group = parser.add_argument_group(
-        "data columns", "Which columns of a local file, a hub data set or a save_to_disk folder hold the fields of "
-                        "the row shapes (as OpenRLHF's --prompt_key; default: the field's own name). Not for the "
-                        "DeepSpeed-Chat registry names, builtin or reasoning_gym, whose fields are fixed.")
-    group.add_argument("--prompt_key", default=None, metavar="COLUMN",
-                       help="The column holding the prompt (a string, or a list of chat messages).")
-    group.add_argument("--chosen_key", default=None, metavar="COLUMN",
-                       help="The column holding the chosen answer (or the whole chosen dialogue or conversation).")
-    group.add_argument("--rejected_key", default=None, metavar="COLUMN",
-                       help="The column holding the rejected answer (or the whole rejected dialogue or "
-                            "conversation).")
-    group.add_argument("--completion_key", default=None, metavar="COLUMN",
-                       help="The column holding a prompt's one answer (TRL's prompt-completion form, as SFT data; "
-                            "KTO's labelled answer).")
-    group.add_argument("--label_key", default=None, metavar="COLUMN",
-                       help="The column holding KTO's label: true for a desirable completion, false for an "
-                            "undesirable one.")
-    group.add_argument("--messages_key", default=None, metavar="COLUMN",
-                       help="The column holding a whole chat (a list of messages) whose last message is the answer.")
+        "data columns", description or "Which columns of a local file, a hub data set or a save_to_disk folder "
+                                       "hold the fields of the row shapes (as OpenRLHF's --prompt_key; default: the "
+                                       "field's own name). Not for the DeepSpeed-Chat registry names, builtin or "
+                                       "reasoning_gym, whose fields are fixed.")
+    for field, help in COLUMN_FIELDS.items():
+        flag = column_flag(field)
+        group.add_argument(flag.replace("_", "-") if dashes else flag, dest=flag[2:], default=None, metavar="COLUMN",
+                           help=help)
     return group
 
 
