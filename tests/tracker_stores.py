@@ -51,6 +51,7 @@ def wandb_runs(wandb_dir):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 run.update(name=record.run.display_name, group=record.run.run_group, project=record.run.project,
+                           started=record.run.start_time.ToNanoseconds(),
                            config={item.key: json.loads(item.value_json) for item in record.run.config.update
                                    if not item.key.startswith("_")})
             elif kind == "history":
@@ -60,7 +61,7 @@ def wandb_runs(wandb_dir):
                         run["scalars"].setdefault(key, []).append((record.history.step.num,
                                                                    json.loads(item.value_json)))
         runs.append(run)
-    return runs
+    return sorted(runs, key=lambda run: run["started"])  # folder names only have whole seconds
 
 
 def mlflow_runs(tracking_uri, experiment="chatrlhf"):
