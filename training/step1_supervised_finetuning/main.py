@@ -1,7 +1,8 @@
 """Step 1: supervised fine-tuning of a causal language model on prompt + chosen answer.
 
 The loss counts answer tokens only (prompt and padding are labelled -100). Perplexity on the eval split is
-measured before training and after every epoch. The result is a Hugging Face folder in --output_dir.
+measured before training, every --eval_interval steps (where --early_stopping_patience may stop the run) and after
+every epoch. The result is a Hugging Face folder in --output_dir.
 With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/trainer/checkpoint.py), and
 --resume continues from the latest one exactly as the uninterrupted run would have gone on. The loop is the one
 steps 2 and DPO share (utils/trainer/loop.py).
@@ -29,18 +30,18 @@ from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, ste
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_step_args(parser, packing=True)
+    add_step_args(parser, eval_interval=True, packing=True)
     return parse_step_args(parser, argv)
 
 
-def evaluate_perplexity(engine, eval_loader, device):
-    """{"perplexity", "loss"} over the whole eval split (all ranks): loss = the mean loss per answer token,
-    perplexity = exp(loss)."""
+def evaluate_perplexity(engine, eval_loader, device, eval_iters=0):
+    """{"perplexity", "loss"} over the eval split (or its first `eval_iters` batches; all ranks): loss = the mean
+    loss per answer token, perplexity = exp(loss)."""
     engine.eval()
     loss_sum = torch.zeros((), device=device)
     token_count = torch.zeros((), device=device)
     with torch.no_grad():
-        for batch in eval_batches(eval_loader):
+        for batch in eval_batches(eval_loader, eval_iters):
             batch = to_device(batch, device)
             tokens = (batch["labels"][:, 1:] != -100).sum()
             loss_sum += causal_lm_loss(engine, batch).float() * tokens
@@ -76,19 +77,19 @@ def main(argv=None):
     if args.packing:
         check_keeps_samples_apart(engine.module)
 
-    # Loop (resumed from the latest checkpoint with --resume): perplexity before training and after each epoch
+    # Loop (resumed from the latest checkpoint with --resume): perplexity before training, every --eval_interval
+    # steps and after each epoch
     state = LoopState(args, engine, train_loader, world_size, step=1, run_name="step1_sft")
-    run_eval = state.evaluator(engine, lambda: evaluate_perplexity(engine, eval_loader, device))
+    run_eval = state.evaluator(engine, lambda: evaluate_perplexity(engine, eval_loader, device, args.eval_iters))
     metrics = state.metrics_before(run_eval)
 
     def epoch_end(epoch):
         metrics.update({f"{name}_after": value for name, value in
                         run_eval(f"after epoch {epoch + 1}/{args.num_train_epochs}").items()})
 
-    train_loop(engine, state.position, args, total_steps, device,
+    train_loop(engine, state, args, total_steps, device,
                loss_and_stats=lambda batch: (causal_lm_loss(engine, batch), {}),
-               throughput=state.throughput, monitor=state.monitor, checkpointer=state.checkpointer,
-               checkpoint_state={"metrics": metrics}, epoch_end=epoch_end)
+               checkpoint_state={"metrics": metrics}, run_eval=run_eval, epoch_end=epoch_end)
 
     # Save
     save_run(engine, tokenizer, args, metrics, state, start_time)

@@ -213,9 +213,8 @@ def main(argv=None):
     state = LoopState(args, engine, train_loader, world_size, step="dpo", run_name="step2_dpo")
     run_eval = state.evaluator(engine, lambda: evaluate_preference(engine, reference, eval_loader, device, args))
     metrics = state.metrics_before(run_eval)
-    train_loop(engine, state.position, args, total_steps, device,
+    train_loop(engine, state, args, total_steps, device,
                loss_and_stats=lambda batch: preference_batch_loss(engine, reference, batch, args),
-               throughput=state.throughput, monitor=state.monitor, checkpointer=state.checkpointer,
                checkpoint_state={"metrics": metrics}, run_eval=run_eval, what=f"the {args.loss_type} loss")
     metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
 

@@ -119,9 +119,8 @@ def main(argv=None):
         engine, eval_loader, device, args.eval_iters, lambda batch: feedback_batch_loss(engine, reference, batch, args),
         rows=lambda batch: batch["input_ids"].shape[0]))
     metrics = state.metrics_before(run_eval)
-    train_loop(engine, state.position, args, total_steps, device,
+    train_loop(engine, state, args, total_steps, device,
                loss_and_stats=lambda batch: feedback_batch_loss(engine, reference, batch, args),
-               throughput=state.throughput, monitor=state.monitor, checkpointer=state.checkpointer,
                checkpoint_state={"metrics": metrics}, run_eval=run_eval, what="the KTO loss")
     metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
 

@@ -83,8 +83,7 @@ def main(argv=None):
         out = engine(**batch)
         return out["loss"], {"batch_accuracy": (out["chosen_end_scores"] > out["rejected_end_scores"]).float().mean()}
 
-    train_loop(engine, state.position, args, total_steps, device, loss_and_stats=loss_and_stats,
-               throughput=state.throughput, monitor=state.monitor, checkpointer=state.checkpointer,
+    train_loop(engine, state, args, total_steps, device, loss_and_stats=loss_and_stats,
                checkpoint_state={"metrics": metrics}, run_eval=run_eval, what="the reward-model loss")
     metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
 

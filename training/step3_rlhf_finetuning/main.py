@@ -43,6 +43,7 @@ from utils.trainer.engine import start_run, step_budget, write_metrics
 from utils.trainer.monitor import Monitor, format_scalars
 from utils.trainer.ppo_trainer import PPOTrainer, mean_stats
 from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
+from utils.trainer.stopping import stop_rule_from_args
 
 
 def resolve_step_models(args):
@@ -124,12 +125,13 @@ def main(argv=None):
         if unsup_batches is not None:
             unsup_batches.skip(resumed["unsup_batches_drawn"])
     monitor = Monitor(args, "step3_ppo", args.output_dir, resumed=resumed is not None)
+    stop = stop_rule_from_args(args, device, state=(resumed or {}).get("stop"))
     if eval_prompts and not resumed:
         evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
     bar = progress(total=total_steps, initial=step, desc="ppo", unit="prompt batch")
     for epoch in position.epochs(args.num_train_epochs):
         for _, batch in position.batches(epoch):
-            if step >= total_steps:
+            if step >= total_steps or stop.stopped:
                 break
             batch = to_device(batch, device)
             experiences.append(trainer.generate_experience(batch["prompt"], batch["prompt_att_mask"],
@@ -151,12 +153,19 @@ def main(argv=None):
             if args.print_answers and step % args.print_answers_interval == 0:
                 print_sample(experiences[0], tokenizer)
             experiences = []
-            if eval_prompts and (step % args.eval_interval == 0 or step == total_steps):
+            reason = stop.reason(step) if step < total_steps else None  # --max_train_minutes
+            if reason:
+                print_rank_0(reason)
+            if eval_prompts and (step % args.eval_interval == 0 or step == total_steps or reason):
                 evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
-            checkpointer.save_if_due(step, total_steps, {
+            checkpointer.save_if_due(step, step if reason else total_steps, {
                 "history": history, "evaluations": evaluations, "trainer": trainer.state_dict(),
-                "shuffler": python_random_state(shuffler),
+                "shuffler": python_random_state(shuffler), "stop": stop.state_dict(),
                 "unsup_batches_drawn": unsup_batches.drawn if unsup_batches is not None else 0})
+            if reason:
+                break
+        if stop.stopped:
+            break
     bar.close()
     monitor.close()
 
@@ -165,7 +174,7 @@ def main(argv=None):
     metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps)
     if engine.critic is not None:
         metrics.update(critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
-    metrics.update(budget, **data_metrics(prompt_dataset.counts))
+    metrics.update(budget, **stop.metrics(), **data_metrics(prompt_dataset.counts))
     settings = training_flags(args, step=3)
     for name, model_engine in (("actor", engine.actor), ("critic", engine.critic), ("actor_ema", engine.actor_ema)):
         if model_engine is not None:

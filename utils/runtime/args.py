@@ -279,6 +279,10 @@ def add_schedule_args(group, default_epochs=1, default_warmup_steps=0, steps="op
                        help="Total number of training epochs to perform (passes over the training split).")
     group.add_argument("--max_steps", type=int, default=0,
                        help=f"Stop after this many {steps} (0: run all epochs).")
+    group.add_argument("--max_train_minutes", type=float, default=0,
+                       help=f"Stop training at the end of the first of its {steps} that ends past this many "
+                            f"minutes in its loop (0: no time budget); a resumed run counts its earlier minutes. "
+                            f"The learning-rate schedule stays that of the whole step budget.")
     group.add_argument("--gradient_accumulation_steps", type=int, default=1,
                        help="Number of micro-batches whose gradients are accumulated before each optimizer step.")
     group.add_argument("--lr_scheduler_type", type=str, default="cosine", choices=SCHEDULERS,
@@ -370,11 +374,15 @@ def add_logging_args(parser, default_tensorboard_path="step_tensorboard", defaul
 
 
 def add_eval_interval_args(group):
-    """Step 2's and DPO's mid-run evaluations, on their logging group."""
+    """The mid-run evaluations of steps 1 and 2, DPO and KTO, and the early stopping they allow, on their logging
+    group."""
     group.add_argument("--eval_interval", type=int, default=0,
                        help="Optimizer steps between evaluations (0: only before and after training).")
     group.add_argument("--eval_iters", type=int, default=0,
                        help="Eval batches per evaluation (0: the whole eval split).")
+    group.add_argument("--early_stopping_patience", type=int, default=0,
+                       help="Stop training when the eval loss has not improved for this many --eval_interval "
+                            "evaluations in a row (0: never), as transformers' EarlyStoppingCallback.")
     return group
 
 
@@ -461,7 +469,7 @@ FLAG_RANGES = {
                      "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange",
                      "cliprange_value", "adaptive_kl_horizon", "beta", "desirable_weight",
                      "undesirable_weight", "tool_timeout"), ("positive", _positive)),
-    **dict.fromkeys(("weight_decay", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
+    **dict.fromkeys(("weight_decay", "max_train_minutes", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
                      "reward_clip", "unsup_coef", "missing_eos_penalty", "cliprange_low", "cliprange_high",
                      "kl_loss_coef", "overlong_penalty", "positive_nll_coef", "rpo_alpha"),
                     ("at least 0", _non_negative)),
@@ -480,7 +488,7 @@ FLAG_RANGES = {
                     ("at least 1", lambda value: value >= 1)),
     **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps",
                      "save_steps", "num_show", "num_examples", "lora_dim", "actor_lora_dim", "critic_lora_dim",
-                     "num_padding_at_beginning"), ("at least 0", _non_negative)),
+                     "num_padding_at_beginning", "early_stopping_patience"), ("at least 0", _non_negative)),
     "seed": ("in [0, 2**32)", lambda value: 0 <= value < 2 ** 32),  # what NumPy's seeding takes
 }
 
@@ -504,6 +512,8 @@ def check_common_args(args):
     if data_output_path and Path(data_output_path).exists() and not Path(data_output_path).is_dir():
         raise ConfigError(f"--data_output_path {data_output_path} is a file, not a folder")
     column_keys(args)
+    if getattr(args, "early_stopping_patience", 0) and not args.eval_interval:
+        raise ConfigError("--early_stopping_patience needs --eval_interval > 0: the evaluations it counts")
     if not args.output_dir:
         raise ConfigError("--output_dir is required")
     args.report_to = resolve_report_to(args.report_to, args.enable_tensorboard)
@@ -522,7 +532,8 @@ def check_output_file(flag, path):
 def add_step_args(parser, *, default_lr=1e-3, eval_interval=False, packing=False):
     """The flags of a step that trains one model on a data set (steps 1 and 2, DPO), in their groups; returns the
     groups by name ("data", "model", "training", "deepspeed", "lora", "logging", "checkpoints"), so a step adds
-    its own flags to them. eval_interval: mid-run evaluations (--eval_interval, --eval_iters); packing:
+    its own flags to them. eval_interval: mid-run evaluations (--eval_interval, --eval_iters,
+    --early_stopping_patience); packing:
     --packing (utils/data/packing.py)."""
     data = add_data_args(parser)
     if packing:

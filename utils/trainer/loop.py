@@ -15,6 +15,7 @@ from utils.runtime.progress import eval_batches, progress
 from utils.trainer.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.trainer.engine import eager, step_budget, train_engine_from_args, write_metrics
 from utils.trainer.monitor import Monitor, Throughput, format_scalars
+from utils.trainer.stopping import stop_rule_from_args
 
 
 def step_data(args, phase, inputs, unpaired=False):
@@ -61,7 +62,8 @@ class LoopState:
     """What a step keeps around its loop: where it is in the data (`position`), the `checkpointer` (resumed from
     with --resume: then `resumed` holds the checkpoint's state, else None), the `monitor` (TensorBoard under
     `run_name`, the history in --output_dir), and the `throughput` meter. `flags` are the flags that shape training
-    (`step` names the step), recorded with each checkpoint and saved with the model. `counts` are what save_run
+    (`step` names the step), recorded with each checkpoint and saved with the model. `stop` is its StopRule
+    (utils/trainer/stopping.py: early stopping, the time budget). `counts` are what save_run
     adds to metrics.json: the rows each split read and kept (data_metrics), the rows an evaluation scores, and the
     step budget (step_budget)."""
 
@@ -73,6 +75,7 @@ class LoopState:
                                          self.position, flags=self.flags)
         self.resumed = self.checkpointer.resume() if args.resume else None
         self.monitor = Monitor(args, run_name, args.output_dir, resumed=self.resumed is not None)
+        self.stop = stop_rule_from_args(args, engine.device, state=(self.resumed or {}).get("stop"))
         self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
 
     def evaluator(self, engine, evaluate):
@@ -130,23 +133,28 @@ def run_counts(args, train_loader, world_size):
     return {**counts, **budget}
 
 
-def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, throughput, monitor, checkpointer,
-               checkpoint_state, run_eval=None, what="the training loss", epoch_end=None):
-    """Train `engine` until `total_steps` optimizer steps (or args.num_train_epochs) are done.
+def train_loop(engine, state, args, total_steps, device, *, loss_and_stats, checkpoint_state, run_eval=None,
+               what="the training loss", epoch_end=None):
+    """Train `engine` until `total_steps` optimizer steps (or args.num_train_epochs) are done, from and with what
+    `state` (a LoopState) keeps: the position in the data, the throughput meter, the monitor, the checkpointer and
+    the stop rule.
 
     loss_and_stats(batch) -> (loss, {name: detached scalar tensor}): one micro-batch's loss and the figures to
     report beside it. Every args.print_interval optimizer steps (and at the last) the loss and stats, averaged
     over ranks, are printed and written to TensorBoard with the learning rate and throughput; every
-    args.eval_interval steps (if the step has that flag) `run_eval(when)` runs; `checkpointer` saves with
-    `checkpoint_state` when due; after each epoch (the last one too, however short) `epoch_end(epoch)` runs. A
+    args.eval_interval steps (if the step has that flag) `run_eval(when)` runs and `stop` (a StopRule) sees its
+    scores; training ends early where `stop` says so (a checkpoint then, with --save_steps); `checkpointer` saves
+    with `checkpoint_state` (and the rule's state) when due; after each epoch (the last one too, however short) `epoch_end(epoch)` runs. A
     resumed run (position and engine loaded) goes on from where it stopped, its progress bar too.
     """
+    position, throughput, monitor, checkpointer, stop = (state.position, state.throughput, state.monitor,
+                                                         state.checkpointer, state.stop)
     eval_interval = getattr(args, "eval_interval", 0)
     step = engine.global_steps
     bar = progress(total=total_steps, initial=step, desc="train", unit="step")
     for epoch in position.epochs(args.num_train_epochs):
         for micro_step, batch in position.batches(epoch):
-            if step >= total_steps:  # a run resumed from its last checkpoint has nothing left
+            if step >= total_steps or stop.stopped:  # a run resumed from its last checkpoint has nothing left
                 break
             batch = to_device(batch, device)
             step_start = time.perf_counter()
@@ -167,13 +175,17 @@ def train_loop(engine, position, args, total_steps, device, *, loss_and_stats, t
                 print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(**scalars, lr=lr)}")
                 monitor.write(step, "train", **scalars, lr=lr, **throughput.report())
             if run_eval is not None and eval_interval and step % eval_interval == 0 and step < total_steps:
-                run_eval(f"at step {step}")
-            checkpointer.save_if_due(step, total_steps, checkpoint_state)
-            if step >= total_steps:
+                stop.observe(step, run_eval(f"at step {step}"))
+            reason = stop.reason(step) if step < total_steps else None
+            if reason:
+                print_rank_0(reason)
+            checkpointer.save_if_due(step, step if reason else total_steps,
+                                     {**checkpoint_state, "stop": stop.state_dict()})
+            if step >= total_steps or reason:
                 break
         if epoch_end is not None:
             epoch_end(epoch)
-        if step >= total_steps:
+        if step >= total_steps or stop.stopped:
             break
     bar.close()
     return step
@@ -183,8 +195,8 @@ def save_run(engine, tokenizer, args, metrics, state, start_time):
     """The end of a step: the run's totals and counts (LoopState.counts) added to `metrics`, the monitor closed,
     the model saved as a Hugging Face folder in --output_dir with its training flags and model card, and
     metrics.json beside it."""
-    metrics.update(state.counts, optimizer_steps=engine.global_steps, parameters=count_parameters(engine.module),
-                   wall_time_s=time.time() - start_time)
+    metrics.update(state.counts, **state.stop.metrics(), optimizer_steps=engine.global_steps,
+                   parameters=count_parameters(engine.module), wall_time_s=time.time() - start_time)
     state.monitor.close()
     save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags,
                   card=model_card(state.flags, metrics))

@@ -47,7 +47,8 @@ def _sized(value, metrics, unit):
 
 def data_rows(label, metrics, steps="optimizer steps"):
     """A step's counts (utils/trainer/loop.py run_counts; step 3 writes the same): the rows each split kept of
-    those it read (and how many of them lost earlier turns to fit), and the `steps` it trained when --num_train_epochs gave fewer than --max_steps asked."""
+    those it read (and how many of them lost earlier turns to fit), the `steps` it trained when --num_train_epochs
+    gave fewer than --max_steps asked, and where a stop rule ended it early (utils/trainer/stopping.py)."""
     rows = []
     if "train_rows_kept" in metrics:
         kept = [f"{metrics[f'{split}_rows_kept']} of {metrics[f'{split}_rows_read']}"
@@ -58,6 +59,10 @@ def data_rows(label, metrics, steps="optimizer steps"):
     if metrics.get("steps_asked", 0) > metrics.get("total_steps", float("inf")):
         rows.append((label, steps, f"{metrics['total_steps']} of {metrics['steps_asked']} asked "
                                    f"({metrics['epochs_asked']} epochs)"))
+    if metrics.get("stopped"):
+        stopped = metrics["stopped"]
+        rows.append((label, f"{steps}, stopped early",
+                     f"{stopped['step']} of {metrics.get('total_steps', '-')}: {stopped['reason']}"))
     return rows
 
 

@@ -1,0 +1,120 @@
+"""Stopping before the step budget (utils/trainer/stopping.py): the rule itself, then step 1 and step 3 through
+their real CLIs on the tiny model: early stopping on a flat eval loss, the time budget, a resumed run that stops
+where it had stopped, and the report's row."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from processes import subprocess_env
+
+from utils.runtime.errors import ConfigError
+from utils.trainer import stopping
+from utils.trainer.report import data_rows
+from utils.trainer.stopping import StopRule
+
+REPO = Path(__file__).resolve().parents[2]
+STEP1 = REPO / "training" / "step1_supervised_finetuning" / "main.py"
+STEP3 = REPO / "training" / "step3_rlhf_finetuning" / "main.py"
+STEP1_FLAGS = ["--data_split", "10,1000,1000", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size",
+               "8", "--max_seq_len", "64", "--num_train_epochs", "3", "--max_steps", "40", "--print_interval", "10"]
+
+
+def run(command):
+    result = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_patience_counts_evaluations_without_a_strictly_lower_loss():
+    rule = StopRule(patience=2)
+    for step, loss in ((2, 1.0), (4, 0.9), (6, 0.9), (8, 0.95)):
+        assert rule.reason(step - 1) is None
+        rule.observe(step, {"loss": loss})
+    assert rule.reason(8) == ("stopped at step 8: the eval loss has not improved for 2 evaluations (best 0.9000 at "
+                              "step 4; --early_stopping_patience 2)")
+    assert rule.metrics()["stopped"]["step"] == 8
+    assert StopRule(patience=0).metrics() == {}
+
+
+def test_a_new_best_resets_the_count():
+    rule = StopRule(patience=2)
+    for step, loss in ((1, 1.0), (2, 1.1), (3, 0.5), (4, 0.6)):
+        rule.observe(step, {"loss": loss})
+    assert rule.reason(4) is None and rule.bad_evaluations == 1
+
+
+def test_the_time_budget_counts_the_minutes_of_a_resumed_run(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(stopping.time, "monotonic", lambda: clock[0])
+    rule = StopRule(max_minutes=2)
+    clock[0] += 90
+    assert rule.reason(3) is None
+    state = rule.state_dict()
+    assert state["trained_s"] == 90 and state["stopped"] is None
+    resumed = StopRule(max_minutes=2, state=state)  # a new life: its clock starts at 90 s
+    clock[0] += 29
+    assert resumed.reason(4) is None
+    clock[0] += 2
+    assert resumed.reason(5) == "stopped at step 5: --max_train_minutes 2 is spent"
+    assert StopRule(max_minutes=2, state=resumed.state_dict()).stopped == {"step": 5, "reason": "--max_train_minutes "
+                                                                                                 "2 is spent"}
+
+
+def test_the_report_says_where_and_why_a_step_stopped():
+    metrics = {"total_steps": 40, "stopped": {"step": 6, "reason": "--max_train_minutes 1 is spent"}}
+    assert data_rows("1 SFT", metrics) == [("1 SFT", "optimizer steps, stopped early",
+                                            "6 of 40: --max_train_minutes 1 is spent")]
+
+
+def test_patience_without_evaluations_is_refused():
+    from training.step1_supervised_finetuning.main import parse_args
+
+    with pytest.raises(ConfigError, match="^--early_stopping_patience needs --eval_interval > 0"):
+        parse_args(["--output_dir", "x", "--early_stopping_patience", "2"])
+
+
+def test_step1_stops_when_its_eval_loss_is_flat(tmp_path):
+    """At a learning rate of 1e-30 no weight moves, so the eval loss at steps 2, 4, 6 is the same: the second
+    evaluation without improvement (step 6) ends the run, which saves its model and says so."""
+    out = tmp_path / "out"
+    log = run([sys.executable, str(STEP1), *STEP1_FLAGS, "--learning_rate", "1e-30", "--eval_interval", "2",
+               "--eval_iters", "2", "--early_stopping_patience", "2", "--output_dir", str(out),
+               "--data_output_path", str(tmp_path / "data")])
+    assert "stopped at step 6: the eval loss has not improved for 2 evaluations" in log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["optimizer_steps"] == 6 and metrics["total_steps"] == 40
+    assert metrics["stopped"]["step"] == 6
+    assert (out / "model.safetensors").is_file()
+
+
+def test_step1_time_budget_stops_and_a_resumed_run_trains_no_further(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, str(STEP1), *STEP1_FLAGS, "--max_train_minutes", "1e-6", "--save_steps", "20",
+               "--output_dir", str(out), "--data_output_path", str(tmp_path / "data")]
+    log = run(command)
+    assert "stopped at step 1: --max_train_minutes 1e-06 is spent" in log
+    assert (out / "checkpoints" / "step1").is_dir()  # the stop's own checkpoint, though 1 is no multiple of 20
+    weights = (out / "model.safetensors").read_bytes()
+    run([*command, "--resume", "--max_train_minutes", "1e-6"])
+    assert json.loads((out / "metrics.json").read_text())["optimizer_steps"] == 1
+    assert (out / "model.safetensors").read_bytes() == weights
+
+
+def test_step3_time_budget_ends_after_one_round_with_its_evaluation(step3_model_dirs, tmp_path):
+    actor_dir = step3_model_dirs[0]
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text("def score(prompts, answers):\n    return [len(answer) % 3 for answer in answers]\n")
+    out = tmp_path / "out"
+    log = run([sys.executable, str(STEP3), "--actor_model_name_or_path", str(actor_dir), "--advantage_estimator",
+               "grpo", "--reward_fn", f"{reward_file}:score", "--data_split", "1000,1000,5",
+               "--per_device_generation_batch_size", "2", "--num_samples_per_prompt", "2",
+               "--per_device_training_batch_size", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8",
+               "--max_steps", "10", "--eval_interval", "5", "--eval_prompts", "4", "--max_train_minutes", "1e-6",
+               "--output_dir", str(out), "--data_output_path", str(tmp_path / "data")])
+    assert "stopped at step 1: --max_train_minutes 1e-06 is spent" in log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["stopped"]["step"] == 1 and metrics["actor_optimizer_steps"] >= 1
+    assert "heldout_sampled_end" in metrics  # the closing evaluation of the held-out prompts still runs
+    assert (out / "actor" / "model.safetensors").is_file()

@@ -1,0 +1,68 @@
+"""When a step stops before its step budget: --early_stopping_patience N (its eval loss has not improved for N
+evaluations in a row, as transformers' EarlyStoppingCallback) and --max_train_minutes M (a time budget on its
+training loop, so that a recipe's step counts adapt to the task and to the machine). Checked at the end of an
+optimizer step (step 3: a PPO round); the state travels in checkpoints, so a resumed run stops where the
+uninterrupted one would have by the first rule, and counts the minutes trained before the interruption in the
+second."""
+import time
+
+import torch
+
+from utils.runtime.dist import all_reduce_sum
+
+
+class StopRule:
+    """`observe(step, scores)` after each mid-run evaluation; `reason(step)`, at a step's end, is None to go on or
+    the one line that says why training stops now. Every process reaches the same answer (the eval loss is already
+    averaged over them; the clock is the slowest process's)."""
+
+    def __init__(self, patience=0, max_minutes=0.0, metric="loss", state=None, device="cpu"):
+        self.patience, self.max_minutes, self.metric, self.device = patience, max_minutes, metric, device
+        state = state or {}
+        self.best = state.get("best")
+        self.best_step = state.get("best_step")
+        self.bad_evaluations = state.get("bad_evaluations", 0)
+        self.trained_before = state.get("trained_s", 0.0)  # the minutes of the run's earlier lives
+        self.started = time.monotonic()
+        self.stopped = state.get("stopped")  # a run resumed from the checkpoint of its stop has nothing left
+
+    def observe(self, step, scores):
+        if not self.patience or self.metric not in scores:
+            return
+        value = scores[self.metric]
+        if self.best is None or value < self.best:
+            self.best, self.best_step, self.bad_evaluations = value, step, 0
+        else:
+            self.bad_evaluations += 1
+
+    def trained_s(self):
+        return self.trained_before + time.monotonic() - self.started
+
+    def reason(self, step):
+        if self.patience and self.bad_evaluations >= self.patience:
+            why = (f"the eval {self.metric} has not improved for {self.bad_evaluations} evaluations "
+                   f"(best {self.best:.4f} at step {self.best_step}; --early_stopping_patience {self.patience})")
+        elif self.max_minutes and self._out_of_time():
+            why = f"--max_train_minutes {self.max_minutes:g} is spent"
+        else:
+            return None
+        self.stopped = {"step": step, "reason": why}
+        return f"stopped at step {step}: {why}"
+
+    def _out_of_time(self):
+        # One answer for all, or a process would wait for the others forever: late when any process is.
+        late = torch.tensor(float(self.trained_s() >= self.max_minutes * 60), device=self.device)
+        return all_reduce_sum(late).item() > 0
+
+    def state_dict(self):
+        return {"best": self.best, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations,
+                "trained_s": self.trained_s(), "stopped": self.stopped}
+
+    def metrics(self):
+        """What metrics.json keeps of it: {"stopped": {"step", "reason"}} when the rule stopped the run."""
+        return {"stopped": self.stopped} if self.stopped else {}
+
+
+def stop_rule_from_args(args, device, state=None):
+    """The rule of a step's flags (a step without --early_stopping_patience has only the time budget)."""
+    return StopRule(getattr(args, "early_stopping_patience", 0), args.max_train_minutes, state=state, device=device)
