@@ -100,11 +100,15 @@ RECIPES = {
 
 
 DATA_RECIPES = {
-    # SmolLM2 on reasoning-gym tasks: lengths `auto`, a short step 1, GRPO on 8 answers a prompt (docs/smollm2.md).
+    # SmolLM2 on reasoning-gym tasks: lengths `auto`; a step 1 that trains until its eval loss stops improving
+    # (three evaluations 10 steps apart without a new best) or 6 minutes are spent; GRPO on 8 answers a prompt,
+    # 40 rounds or 10 minutes (docs/smollm2.md).
     ("smollm2-135m", "reasoning_gym"): {
-        1: ["--max_seq_len", "auto", "--max_steps", "24", "--num_train_epochs", "100", "--num_warmup_steps", "2",
-            "--print_interval", "4"],
-        3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto", "--num_train_epochs", "100"],
+        1: ["--max_seq_len", "auto", "--max_steps", "300", "--num_train_epochs", "100", "--num_warmup_steps", "2",
+            "--print_interval", "10", "--eval_interval", "10", "--eval_iters", "4", "--early_stopping_patience", "3",
+            "--max_train_minutes", "6"],
+        3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto", "--num_train_epochs", "100",
+            "--max_train_minutes", "10"],
         "grpo": ["--per_device_generation_batch_size", "4", "--num_samples_per_prompt", "8",
                  "--per_device_training_batch_size", "16", "--ppo_epochs", "1", "--kl_coef", "0",
                  "--actor_lora_learning_rate", "5e-4", "--max_steps", "40", "--print_interval", "1",

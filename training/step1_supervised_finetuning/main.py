@@ -1,8 +1,8 @@
 """Step 1: supervised fine-tuning of a causal language model on prompt + chosen answer.
 
 The loss counts answer tokens only (prompt and padding are labelled -100). Perplexity on the eval split is
-measured before training, every --eval_interval steps (where --early_stopping_patience may stop the run) and after
-every epoch. The result is a Hugging Face folder in --output_dir.
+measured before training and after every epoch, or with --eval_interval every so many steps (where
+--early_stopping_patience may stop the run) and at the end. The result is a Hugging Face folder in --output_dir.
 With --save_steps N a resumable checkpoint is written every N optimizer steps (utils/trainer/checkpoint.py), and
 --resume continues from the latest one exactly as the uninterrupted run would have gone on. The loop is the one
 steps 2 and DPO share (utils/trainer/loop.py).
@@ -87,9 +87,14 @@ def main(argv=None):
         metrics.update({f"{name}_after": value for name, value in
                         run_eval(f"after epoch {epoch + 1}/{args.num_train_epochs}").items()})
 
+    # With --eval_interval its evaluations and one at the end replace the evaluation after each epoch (a small
+    # data set's epochs can be a few steps each).
     train_loop(engine, state, args, total_steps, device,
                loss_and_stats=lambda batch: (causal_lm_loss(engine, batch), {}),
-               checkpoint_state={"metrics": metrics}, run_eval=run_eval, epoch_end=epoch_end)
+               checkpoint_state={"metrics": metrics}, run_eval=run_eval,
+               epoch_end=None if args.eval_interval else epoch_end)
+    if args.eval_interval:
+        metrics.update({f"{name}_after": value for name, value in run_eval("after training").items()})
 
     # Save
     save_run(engine, tokenizer, args, metrics, state, start_time)
