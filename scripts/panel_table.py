@@ -1,0 +1,98 @@
+"""A Markdown table of a panel of reasoning-gym runs (one `train.py --output-dir` per task and seed), from each
+run's own `evaluation.json`, `metrics.json` files and `report.md`: what docs/smollm2.md quotes, so that no result
+table is typed by hand.
+
+    python scripts/panel_table.py --title "The panel, seed 1234" runs/chain_sum-1234 runs/gcd-1234 ... >> docs/x.md
+
+A row per run: the task, step 1's optimizer steps and why it stopped, the held-out verifier score of the step-1
+and the RL actor, sampled and greedy, the greedy score of the best constant answer and the RL actor's distinct
+greedy answers, the steps RL trained and the whole command's wall time; then whether the run meets goal 2 (+0.10
+sampled and greedy, and not a constant answer's score) and how many runs do.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from inference.evaluation import scores_as_a_constant  # noqa: E402
+from scripts.seed_table import command_of, commit, cpu_name  # noqa: E402
+
+GOAL = 0.10
+
+
+def _json(path):
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _only(folder, pattern):
+    found = sorted(folder.glob(pattern))
+    return found[0] if found else folder / "missing"
+
+
+def _stop(metrics):
+    stopped = metrics.get("stopped")
+    if not stopped:
+        return "budget"
+    return "time" if "max_train_minutes" in stopped["reason"] else "eval loss"
+
+
+def _wall_time(folder):
+    """The report's `all | wall time` row, in minutes."""
+    for line in (folder / "report.md").read_text().splitlines() if (folder / "report.md").is_file() else []:
+        if line.startswith("| all | wall time |"):
+            return float(line.split("|")[3].split()[0]) / 60
+    return None
+
+
+def run_row(folder):
+    folder = Path(folder)
+    evaluation = _json(folder / "evaluation.json")
+    before, after = evaluation["baseline"], evaluation["finetune"]
+    step1 = _json(_only(folder, "actor-models/*") / "metrics.json")
+    rl = _json(_only(folder, "step3-models/*") / "metrics.json")
+    gains = {decoding: after[decoding]["all"] - before[decoding]["all"] for decoding in ("sampled", "greedy")}
+    constant = any(scores_as_a_constant(after[decoding]["all"], after["answer_stats"][decoding])
+                   for decoding in ("sampled", "greedy"))
+    stats = after["answer_stats"]["greedy"]
+    return {
+        "task": folder.name, "step1": f"{step1.get('optimizer_steps', '-')} ({_stop(step1)})",
+        "sampled": f"{before['sampled']['all']:.3f} -> {after['sampled']['all']:.3f} ({gains['sampled']:+.3f})",
+        "greedy": f"{before['greedy']['all']:.3f} -> {after['greedy']['all']:.3f} ({gains['greedy']:+.3f})",
+        "constant": f"{stats['best_constant']['all']:.3f}",
+        "distinct": f"{stats['distinct_answers']['all']} ({stats['top_answer_share']['all']:.0%})",
+        "rl": f"{rl.get('total_steps', '-') if not rl.get('stopped') else rl['stopped']['step']} "
+              f"({_stop(rl)})",
+        "minutes": f"{_wall_time(folder):.1f}" if _wall_time(folder) is not None else "-",
+        "met": min(gains.values()) >= GOAL and not constant,
+        "constant_answer": constant,
+    }
+
+
+def table(folders, title):
+    rows = [run_row(folder) for folder in folders]
+    lines = [f"### {title}", "", f"Command: `{command_of(folders[0])}` (each task's spec, `--seed S --output-dir "
+             f"<run>`); CPU: {cpu_name()}; commit: {commit()}.", "",
+             "| run | step-1 steps (stop) | sampled, step 1 -> RL | greedy, step 1 -> RL | best constant, greedy "
+             "| distinct greedy answers (top share) | RL rounds (stop) | minutes | goal |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        verdict = "met" if row["met"] else ("constant answer" if row["constant_answer"] else "-")
+        lines.append(f"| {row['task']} | {row['step1']} | {row['sampled']} | {row['greedy']} | {row['constant']} "
+                     f"| {row['distinct']} | {row['rl']} | {row['minutes']} | {verdict} |")
+    met = sum(row["met"] for row in rows)
+    lines += ["", f"Goal 2 (+{GOAL:.2f} sampled and greedy over the step-1 actor, not a constant answer's score) met "
+                  f"in {met} of {len(rows)} runs ({met / len(rows):.0%})."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="train.py output folders, each holding evaluation.json.")
+    parser.add_argument("--title", default="Panel", help="The table's heading.")
+    args = parser.parse_args(argv)
+    print(table(args.runs, args.title))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""scripts/panel_table.py: the docs' panel table made from runs' own evaluation.json, metrics.json and report.md."""
+import json
+
+from scripts.panel_table import table
+
+
+def stats(best_constant, distinct, top_share):
+    return {"best_constant": {"all": best_constant}, "distinct_answers": {"all": distinct},
+            "top_answer_share": {"all": top_share}}
+
+
+def write_run(folder, after, after_stats, step1_stop=None, rl_stop=None):
+    folder.mkdir()
+    before = {"sampled": {"all": 0.1}, "greedy": {"all": 0.2},
+              "answer_stats": {"sampled": stats(0.3, 50, 0.1), "greedy": stats(0.3, 40, 0.2)}}
+    evaluation = {"baseline": before, "finetune": {**after, "answer_stats": after_stats}}
+    (folder / "evaluation.json").write_text(json.dumps(evaluation))
+    (folder / "report.md").write_text("Measured by `python train.py --algorithm grpo`:\n\n| all | wall time | 900 s |\n")
+    steps = step1_stop["step"] if step1_stop else 70
+    for stage, metrics in (("actor-models/m", {"optimizer_steps": steps, "stopped": step1_stop}),
+                           ("step3-models/m", {"total_steps": 40, "stopped": rl_stop})):
+        (folder / stage).mkdir(parents=True)
+        (folder / stage / "metrics.json").write_text(json.dumps(metrics))
+
+
+def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
+    write_run(tmp_path / "gcd-1", {"sampled": {"all": 0.35}, "greedy": {"all": 0.40}},
+              {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)},
+              step1_stop={"step": 70, "reason": "--max_train_minutes 6 is spent"})
+    # The RL actor answers one thing to 90% of the questions and scores no more than that answer would.
+    write_run(tmp_path / "count-1", {"sampled": {"all": 0.30}, "greedy": {"all": 0.33}},
+              {"sampled": stats(0.33, 3, 0.9), "greedy": stats(0.33, 2, 0.95)},
+              step1_stop={"step": 50, "reason": "the eval loss has not improved for 3 evaluations"},
+              rl_stop={"step": 31, "reason": "--max_train_minutes 10 is spent"})
+    write_run(tmp_path / "lcm-1", {"sampled": {"all": 0.15}, "greedy": {"all": 0.45}},
+              {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)})
+    text = table([tmp_path / "gcd-1", tmp_path / "count-1", tmp_path / "lcm-1"], "Panel")
+    assert text.startswith("### Panel") and "`python train.py --algorithm grpo`" in text and "commit:" in text
+    assert ("| gcd-1 | 70 (time) | 0.100 -> 0.350 (+0.250) | 0.200 -> 0.400 (+0.200) | 0.300 | 45 (15%) "
+            "| 40 (budget) | 15.0 | met |") in text
+    assert "| count-1 | 50 (eval loss) |" in text and "| 31 (time) | 15.0 | constant answer |" in text
+    assert "| lcm-1 | 70 (budget) | 0.100 -> 0.150 (+0.050) |" in text and text.count("| met |") == 1
+    assert "met in 1 of 3 runs (33%)" in text
