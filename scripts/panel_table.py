@@ -5,7 +5,8 @@ table is typed by hand.
     python scripts/panel_table.py --title "The panel, seed 1234" runs/chain_sum-1234 runs/gcd-1234 ... >> docs/x.md
 
 A row per run: the task, step 1's optimizer steps and why it stopped, the held-out verifier score of the step-1
-and the RL actor, sampled and greedy, the greedy score of the best constant answer and the RL actor's distinct
+and the RL actor, sampled and greedy, the share of greedy answers with full marks (where the verifier gives partial
+credit, a mean can rise without one more answer right), the greedy score of the best constant answer and the RL actor's distinct
 greedy answers, the steps RL trained and the whole command's wall time; then whether the run meets goal 2 (+0.10
 sampled and greedy, and not a constant answer's score) and how many runs do.
 """
@@ -59,6 +60,8 @@ def run_row(folder):
         "task": folder.name, "step1": f"{step1.get('optimizer_steps', '-')} ({_stop(step1)})",
         "sampled": f"{before['sampled']['all']:.3f} -> {after['sampled']['all']:.3f} ({gains['sampled']:+.3f})",
         "greedy": f"{before['greedy']['all']:.3f} -> {after['greedy']['all']:.3f} ({gains['greedy']:+.3f})",
+        "solved": (f"{before['greedy']['solved']:.3f} -> {after['greedy']['solved']:.3f}"
+                   if "solved" in before["greedy"] and "solved" in after["greedy"] else "-"),
         "constant": f"{stats['best_constant']['all']:.3f}",
         "distinct": f"{stats['distinct_answers']['all']} ({stats['top_answer_share']['all']:.0%})",
         "rl": f"{rl.get('total_steps', '-') if not rl.get('stopped') else rl['stopped']['step']} "
@@ -73,12 +76,13 @@ def table(folders, title):
     rows = [run_row(folder) for folder in folders]
     lines = [f"### {title}", "", f"Command: `{command_of(folders[0])}` (each task's spec, `--seed S --output-dir "
              f"<run>`); CPU: {cpu_name()}; commit: {commit()}.", "",
-             "| run | step-1 steps (stop) | sampled, step 1 -> RL | greedy, step 1 -> RL | best constant, greedy "
-             "| distinct greedy answers (top share) | RL rounds (stop) | minutes | goal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| run | step-1 steps (stop) | sampled, step 1 -> RL | greedy, step 1 -> RL | solved, greedy "
+             "| best constant, greedy | distinct greedy answers (top share) | RL rounds (stop) | minutes | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         verdict = "met" if row["met"] else ("constant answer" if row["constant_answer"] else "-")
-        lines.append(f"| {row['task']} | {row['step1']} | {row['sampled']} | {row['greedy']} | {row['constant']} "
+        lines.append(f"| {row['task']} | {row['step1']} | {row['sampled']} | {row['greedy']} | {row['solved']} "
+                     f"| {row['constant']} "
                      f"| {row['distinct']} | {row['rl']} | {row['minutes']} | {verdict} |")
     met = sum(row["met"] for row in rows)
     lines += ["", f"Goal 2 (+{GOAL:.2f} sampled and greedy over the step-1 actor, not a constant answer's score) met "

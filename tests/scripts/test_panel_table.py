@@ -11,7 +11,7 @@ def stats(best_constant, distinct, top_share):
 
 def write_run(folder, after, after_stats, step1_stop=None, rl_stop=None):
     folder.mkdir()
-    before = {"sampled": {"all": 0.1}, "greedy": {"all": 0.2},
+    before = {"sampled": {"all": 0.1}, "greedy": {"all": 0.2, "solved": 0.1},
               "answer_stats": {"sampled": stats(0.3, 50, 0.1), "greedy": stats(0.3, 40, 0.2)}}
     evaluation = {"baseline": before, "finetune": {**after, "answer_stats": after_stats}}
     (folder / "evaluation.json").write_text(json.dumps(evaluation))
@@ -24,7 +24,7 @@ def write_run(folder, after, after_stats, step1_stop=None, rl_stop=None):
 
 
 def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
-    write_run(tmp_path / "gcd-1", {"sampled": {"all": 0.35}, "greedy": {"all": 0.40}},
+    write_run(tmp_path / "gcd-1", {"sampled": {"all": 0.35}, "greedy": {"all": 0.40, "solved": 0.25}},
               {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)},
               step1_stop={"step": 70, "reason": "--max_train_minutes 6 is spent"})
     # The RL actor answers one thing to 90% of the questions and scores no more than that answer would.
@@ -36,7 +36,8 @@ def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
               {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)})
     text = table([tmp_path / "gcd-1", tmp_path / "count-1", tmp_path / "lcm-1"], "Panel")
     assert text.startswith("### Panel") and "`python train.py --algorithm grpo`" in text and "commit:" in text
-    assert ("| gcd-1 | 70 (time) | 0.100 -> 0.350 (+0.250) | 0.200 -> 0.400 (+0.200) | 0.300 | 45 (15%) "
+    assert ("| gcd-1 | 70 (time) | 0.100 -> 0.350 (+0.250) | 0.200 -> 0.400 (+0.200) | 0.100 -> 0.250 | 0.300 "
+            "| 45 (15%) "
             "| 40 (budget) | 15.0 | met |") in text
     assert "| count-1 | 50 (eval loss) |" in text and "| 31 (time) | 15.0 | constant answer |" in text
     assert "| lcm-1 | 70 (budget) | 0.100 -> 0.150 (+0.050) |" in text and text.count("| met |") == 1
