@@ -1,14 +1,16 @@
 """A Markdown table of a panel of reasoning-gym runs (one `train.py --output-dir` per task and seed), from each
-run's own `evaluation.json`, `metrics.json` files and `report.md`: what docs/smollm2.md quotes, so that no result
+run's own `evaluation.json`, `metrics.json` files and `report.md`: what docs/panel.md quotes, so that no result
 table is typed by hand.
 
     python scripts/panel_table.py --title "The panel, seed 1234" runs/chain_sum-1234 runs/gcd-1234 ... >> docs/x.md
 
-A row per run: the task, step 1's optimizer steps and why it stopped, the held-out verifier score of the step-1
-and the RL actor, sampled and greedy, the share of greedy answers with full marks (where the verifier gives partial
-credit, a mean can rise without one more answer right), the greedy score of the best constant answer and the RL actor's distinct
-greedy answers, the steps RL trained and the whole command's wall time; then whether the run meets goal 2 (+0.10
-sampled and greedy, and not a constant answer's score) and how many runs do.
+A row per run: the task, the base model's score (where the run folder holds `base-evaluation.json`: prompt_eval.py
+with the base model as its baseline, the closing evaluation's flags), step 1's optimizer steps and why it stopped,
+the held-out verifier score of the step-1 and the RL actor, sampled and greedy, the share of greedy answers with
+full marks (where the verifier gives partial credit, a mean can rise without one more answer right), the greedy
+score of the best constant answer and the RL actor's distinct greedy answers, the steps RL trained and the whole
+command's wall time; then whether the run meets goal 2 (+0.10 sampled and greedy, and not a constant answer's
+score) and how many runs do.
 """
 import argparse
 import json
@@ -56,8 +58,10 @@ def run_row(folder):
     constant = any(scores_as_a_constant(after[decoding]["all"], after["answer_stats"][decoding])
                    for decoding in ("sampled", "greedy"))
     stats = after["answer_stats"]["greedy"]
+    base = _json(folder / "base-evaluation.json").get("baseline")
     return {
         "task": folder.name, "step1": f"{step1.get('optimizer_steps', '-')} ({_stop(step1)})",
+        "base": f"{base['sampled']['all']:.3f} / {base['greedy']['all']:.3f}" if base else "-",
         "sampled": f"{before['sampled']['all']:.3f} -> {after['sampled']['all']:.3f} ({gains['sampled']:+.3f})",
         "greedy": f"{before['greedy']['all']:.3f} -> {after['greedy']['all']:.3f} ({gains['greedy']:+.3f})",
         "solved": (f"{before['greedy']['solved']:.3f} -> {after['greedy']['solved']:.3f}"
@@ -76,12 +80,12 @@ def table(folders, title):
     rows = [run_row(folder) for folder in folders]
     lines = [f"### {title}", "", f"Command: `{command_of(folders[0])}` (each task's spec, `--seed S --output-dir "
              f"<run>`); CPU: {cpu_name()}; commit: {commit()}.", "",
-             "| run | step-1 steps (stop) | sampled, step 1 -> RL | greedy, step 1 -> RL | solved, greedy "
+             "| run | base model, sampled / greedy | step-1 steps (stop) | sampled, step 1 -> RL | greedy, step 1 -> RL | solved, greedy "
              "| best constant, greedy | distinct greedy answers (top share) | RL rounds (stop) | minutes | goal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         verdict = "met" if row["met"] else ("constant answer" if row["constant_answer"] else "-")
-        lines.append(f"| {row['task']} | {row['step1']} | {row['sampled']} | {row['greedy']} | {row['solved']} "
+        lines.append(f"| {row['task']} | {row['base']} | {row['step1']} | {row['sampled']} | {row['greedy']} | {row['solved']} "
                      f"| {row['constant']} "
                      f"| {row['distinct']} | {row['rl']} | {row['minutes']} | {verdict} |")
     met = sum(row["met"] for row in rows)

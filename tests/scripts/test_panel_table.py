@@ -36,9 +36,12 @@ def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
               {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)})
     text = table([tmp_path / "gcd-1", tmp_path / "count-1", tmp_path / "lcm-1"], "Panel")
     assert text.startswith("### Panel") and "`python train.py --algorithm grpo`" in text and "commit:" in text
-    assert ("| gcd-1 | 70 (time) | 0.100 -> 0.350 (+0.250) | 0.200 -> 0.400 (+0.200) | 0.100 -> 0.250 | 0.300 "
+    (tmp_path / "gcd-1" / "base-evaluation.json").write_text(json.dumps(
+        {"baseline": {"sampled": {"all": 0.01}, "greedy": {"all": 0.02}}}))
+    text = table([tmp_path / "gcd-1", tmp_path / "count-1", tmp_path / "lcm-1"], "Panel")
+    assert ("| gcd-1 | 0.010 / 0.020 | 70 (time) | 0.100 -> 0.350 (+0.250) | 0.200 -> 0.400 (+0.200) | 0.100 -> 0.250 | 0.300 "
             "| 45 (15%) "
             "| 40 (budget) | 15.0 | met |") in text
-    assert "| count-1 | 50 (eval loss) |" in text and "| 31 (time) | 15.0 | constant answer |" in text
-    assert "| lcm-1 | 70 (budget) | 0.100 -> 0.150 (+0.050) |" in text and text.count("| met |") == 1
+    assert "| count-1 | - | 50 (eval loss) |" in text and "| 31 (time) | 15.0 | constant answer |" in text
+    assert "| lcm-1 | - | 70 (budget) | 0.100 -> 0.150 (+0.050) |" in text and text.count("| met |") == 1
     assert "met in 1 of 3 runs (33%)" in text
