@@ -12,14 +12,13 @@ score of the best constant answer and the RL actor's distinct greedy answers, th
 command's wall time; then whether the run meets goal 2 (+0.10 sampled and greedy, and not a constant answer's
 score) and how many runs do.
 """
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inference.evaluation import scores_as_a_constant  # noqa: E402
-from scripts.seed_table import command_of, commit, cpu_name  # noqa: E402
+from scripts.seed_table import command_of, commit, cpu_name, parse_table_args  # noqa: E402
 
 GOAL = 0.10
 
@@ -95,10 +94,7 @@ def table(folders, title):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="train.py output folders, each holding evaluation.json.")
-    parser.add_argument("--title", default="Panel", help="The table's heading.")
-    args = parser.parse_args(argv)
+    args = parse_table_args(__doc__.splitlines()[0], argv, title="Panel")
     print(table(args.runs, args.title))
 
 

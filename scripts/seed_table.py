@@ -71,11 +71,16 @@ def table(folders, title):
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_table_args(description, argv=None, title="Runs"):
+    """The flags of a table script (this one, scripts/panel_table.py): the run folders and --title."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("runs", nargs="+", help="train.py output folders, each holding evaluation.json.")
-    parser.add_argument("--title", default="Runs", help="The table's heading.")
-    args = parser.parse_args(argv)
+    parser.add_argument("--title", default=title, help="The table's heading; default %(default)s.")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_table_args(__doc__.splitlines()[0], argv)
     print(table(args.runs, args.title))
 
 

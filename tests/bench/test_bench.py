@@ -30,6 +30,7 @@ def assert_positive(summary, what):
     assert 0 < summary["min"] <= summary["median"] <= summary["max"] < math.inf, (what, summary)
 
 
+@pytest.mark.e2e  # about 2-3 minutes on 2 cores: the default run stays under its 20 minutes
 def test_quick_bench_writes_every_section(tmp_path):
     output, report = tmp_path / "results.json", tmp_path / "docs" / "bench-quick.md"
     run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--output", str(output), "--report", str(report)],

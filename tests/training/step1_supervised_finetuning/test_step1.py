@@ -48,6 +48,7 @@ def test_step1_one_process_through_train_py(tmp_path):
     assert_trained_actor(actor)
 
 
+@pytest.mark.e2e  # a minute on 2 cores; two processes stay in the default run through tests/utils/runtime/test_ds_utils.py
 def test_step1_two_processes_zero2_through_train_py(tmp_path):
     actor, _ = train_step1(tmp_path, "single_node", 2)
     assert "2 process(es)" in (actor / "training.log").read_text()
