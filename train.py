@@ -36,13 +36,12 @@ import psutil
 
 from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, checker_defaults, evaluation_command, plan,
                                run_inputs, step_command)
-from utils.runtime.args import add_column_args, column_keys
+from utils.runtime.args import add_column_args, column_keys, registry_help
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
-from utils.runtime.args import registry_help
 from utils.runtime.paths import FolderLock
-from utils.runtime.trackers import NONE, TRACKERS, check_run_group, resolve_report_to
 from utils.runtime.sandbox import TOOLS
+from utils.runtime.trackers import NONE, TRACKERS, check_run_group, resolve_report_to
 
 DEFAULT_ZERO_STAGE = {"single_gpu": 0, "single_node": 2, "multi_node": 2}
 LOG_TAIL_LINES = 20

@@ -153,9 +153,7 @@ def main(argv=None):
             if args.print_answers and step % args.print_answers_interval == 0:
                 print_sample(experiences[0], tokenizer)
             experiences = []
-            reason = stop.reason(step) if step < total_steps else None  # --max_train_minutes
-            if reason:
-                print_rank_0(reason)
+            reason = stop.reason(step, total_steps)  # --max_train_minutes
             if eval_prompts and (step % args.eval_interval == 0 or step == total_steps or reason):
                 evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
             checkpointer.save_if_due(step, step if reason else total_steps, {

@@ -176,9 +176,7 @@ def train_loop(engine, state, args, total_steps, device, *, loss_and_stats, chec
                 monitor.write(step, "train", **scalars, lr=lr, **throughput.report())
             if run_eval is not None and eval_interval and step % eval_interval == 0 and step < total_steps:
                 stop.observe(step, run_eval(f"at step {step}"))
-            reason = stop.reason(step) if step < total_steps else None
-            if reason:
-                print_rank_0(reason)
+            reason = stop.reason(step, total_steps)
             checkpointer.save_if_due(step, step if reason else total_steps,
                                      {**checkpoint_state, "stop": stop.state_dict()})
             if step >= total_steps or reason:

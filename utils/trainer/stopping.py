@@ -8,12 +8,12 @@ import time
 
 import torch
 
-from utils.runtime.dist import all_reduce_sum
+from utils.runtime.dist import all_reduce_sum, print_rank_0
 
 
 class StopRule:
-    """`observe(step, scores)` after each mid-run evaluation; `reason(step)`, at a step's end, is None to go on or
-    the one line that says why training stops now. Every process reaches the same answer (the eval loss is already
+    """`observe(step, scores)` after each mid-run evaluation; `reason(step, total_steps)`, at a step's end, is None
+    to go on or the one line that says why training stops now. Every process reaches the same answer (the eval loss is already
     averaged over them; the clock is the slowest process's)."""
 
     def __init__(self, patience=0, max_minutes=0.0, metric="loss", state=None, device="cpu"):
@@ -38,7 +38,11 @@ class StopRule:
     def trained_s(self):
         return self.trained_before + time.monotonic() - self.started
 
-    def reason(self, step):
+    def reason(self, step, total_steps=None):
+        """None to go on, else the line (printed here) that says why training stops at `step`; None at the step
+        budget's last step (`total_steps`), where training ends anyway."""
+        if total_steps is not None and step >= total_steps:
+            return None
         if self.patience and self.bad_evaluations >= self.patience:
             why = (f"the eval {self.metric} has not improved for {self.bad_evaluations} evaluations "
                    f"(best {self.best:.4f} at step {self.best_step}; --early_stopping_patience {self.patience})")
@@ -47,6 +51,7 @@ class StopRule:
         else:
             return None
         self.stopped = {"step": step, "reason": why}
+        print_rank_0(f"stopped at step {step}: {why}")
         return f"stopped at step {step}: {why}"
 
     def _out_of_time(self):
