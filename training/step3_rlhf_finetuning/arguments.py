@@ -217,6 +217,10 @@ def add_critic_free_args(parser):
              "reward model's, of those given.")
     add("--reward_model_weight", type=float, default=1.0,
         help="Weight of the reward model's score in the end score (see --reward_fn_weight).")
+    add("--answer_base_rate", type=int, default=0,
+        help="Subtract from each answer's --reward_fn score its mean score on this many training prompts drawn "
+             "at the start (its own left out): what it earns without reading the question, so that saying the most "
+             "common answer to every question earns nothing (utils/rl/base_rate.py; 0: off).")
     add("--eval_interval", type=int, default=0,
         help="Every N steps (and before the first and after the last) score the actor on held-out prompts, "
              "sampled and greedy: the built-in task's or a reasoning-gym spec's with its checker, else the data's "
@@ -263,6 +267,8 @@ def check_rl_args(args):
         if not args.reward_fn:
             raise ConfigError(f"--advantage_estimator {estimator} needs a reward: --reward_fn (e.g. builtin) or "
                               "--critic_model_name_or_path (a step-2 reward model), or both")
+    if args.answer_base_rate and not args.reward_fn:
+        raise ConfigError("--answer_base_rate corrects the --reward_fn score: give --reward_fn")
     if ESTIMATORS[estimator].groups and group < 2:
         raise ConfigError(f"--advantage_estimator {estimator} compares the answers to one prompt: it needs "
                           f"--num_samples_per_prompt of at least 2, not {group}")

@@ -32,6 +32,7 @@ from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_pro
 from utils.model.card import model_card
 from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
 from utils.model.save import save_hf_model
+from utils.rl.base_rate import AnswerBaseRate, reference_prompts
 from utils.rl.reward_fns import load_reward_fn
 from utils.runtime.args import column_keys, training_flags
 from utils.runtime.dist import print_rank_0, to_device
@@ -103,7 +104,14 @@ def main(argv=None):
     minibatches = rollouts // args.per_device_training_batch_size
     actor_steps, critic_steps = planned_optimizer_steps(args, total_steps)
     engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, actor_steps, critic_steps, world_size)
-    trainer = PPOTrainer(engine, args, reward_fn)
+    base_rate = None
+    if args.answer_base_rate:
+        references = reference_prompts(prompt_dataset, args.answer_base_rate, args.seed)
+        if len(references) < 2:
+            raise ConfigError(f"--answer_base_rate {args.answer_base_rate}: the training data has "
+                              f"{len(references)} prompt(s) to draw from, and an answer's base rate needs 2")
+        base_rate = AnswerBaseRate(reward_fn, args.reward_fn, references)
+    trainer = PPOTrainer(engine, args, reward_fn, base_rate)
     print_rank_0(f"PPO ({args.advantage_estimator}): {len(prompt_dataset)} prompts, {total_steps} steps of "
                  f"{rollouts} x {world_size} rollouts ({args.per_device_generation_batch_size} prompt(s) x "
                  f"{args.num_samples_per_prompt} answer(s) per process), {args.ppo_epochs} PPO epoch(s) of "

@@ -42,14 +42,15 @@ from utils.trainer.monitor import peak_memory
 
 class PPOTrainer:
 
-    def __init__(self, rlhf_engine, args, reward_fn=None):
-        """reward_fn: a function of utils/rl/reward_fns.py (--reward_fn), or None for the reward model alone."""
+    def __init__(self, rlhf_engine, args, reward_fn=None, base_rate=None):
+        """reward_fn: a function of utils/rl/reward_fns.py (--reward_fn), or None for the reward model alone;
+        base_rate: its AnswerBaseRate (utils/rl/base_rate.py, --answer_base_rate), subtracted from the reward."""
         self.engine = rlhf_engine
         self.actor, self.ref, self.critic, self.reward = (rlhf_engine.actor, rlhf_engine.ref, rlhf_engine.critic,
                                                           rlhf_engine.reward)
         self.tokenizer = rlhf_engine.tokenizer
         self.args = args
-        self.reward_fn = reward_fn
+        self.reward_fn, self.base_rate = reward_fn, base_rate
         self.kl_controller = make_kl_controller(args.kl_coef, args.adaptive_kl_target, args.adaptive_kl_horizon)
         self.reward_moments = RunningMoments()
         self.zero3_generation = args.actor_zero_stage == 3 and torch.distributed.get_world_size() > 1
@@ -130,8 +131,9 @@ class PPOTrainer:
             values = None
             if self.critic is not None:
                 values = self.answer_values(self.critic.module, seq, attention_mask, prompt_len) * action_mask
-            raw_scores, score_stats = self.score(seq, attention_mask, action_mask, prompt_len, prompt_texts)
-            scores = self.shape_scores(raw_scores, action_mask, answers)
+            raw_scores, score_stats, base_rates = self.score(seq, attention_mask, action_mask, prompt_len,
+                                                             prompt_texts)
+            scores = self.shape_scores(raw_scores - base_rates, action_mask, answers)
             rewards, kl = compute_rewards(logprobs, ref_logprobs, scores, action_mask, self.reward_kl_coef(),
                                           args.kl_estimator, args.reward_clip)
             equal = self.equal_score_groups(scores)
@@ -169,12 +171,13 @@ class PPOTrainer:
                             self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
 
     def score(self, seq, attention_mask, action_mask, prompt_len, prompt_texts):
-        """The end score of each answer (B,): the reward model's score times --reward_model_weight plus the
-        reward function's times --reward_fn_weight, of whichever are given; and, when both are, each mean. With
-        --tools the reward function reads the final answer: the answer's text (tool outputs included) after its
-        last tool output."""
+        """(end scores, stats, base rates), each (B,) but stats: the reward model's score times
+        --reward_model_weight plus the reward function's times --reward_fn_weight, of whichever are given; and,
+        when both are, each mean. The base rates are the reward function's AnswerBaseRate times its weight (0
+        without --answer_base_rate), which the policy's reward leaves out. With --tools the reward function reads
+        the final answer: the answer's text (tool outputs included) after its last tool output."""
         args = self.args
-        parts = {}
+        parts, base_rates = {}, torch.zeros(seq.shape[0], device=seq.device)
         if self.reward is not None:
             _, model_scores = self.reward.module.forward_value(seq, attention_mask)
             parts["reward_model_score"] = (args.reward_model_weight, model_scores.float())
@@ -188,9 +191,13 @@ class PPOTrainer:
                            for row, mask in zip(seq[:, prompt_len:], attention_mask[:, prompt_len:])]
             fn_scores = call_reward_fn(self.reward_fn, args.reward_fn, prompt_texts, answers).to(seq.device)
             parts["reward_fn_score"] = (args.reward_fn_weight, fn_scores)
+            if self.base_rate is not None:
+                base_rates = args.reward_fn_weight * self.base_rate(prompt_texts, answers).to(seq.device)
         scores = sum(weight * part for weight, part in parts.values())
         stats = {name: part.mean().item() for name, (_, part) in parts.items()} if len(parts) > 1 else {}
-        return scores, stats
+        if self.base_rate is not None:
+            stats["answer_base_rate"] = base_rates.mean().item()
+        return scores, stats, base_rates
 
     def score_texts(self, prompts, answers):
         """The same end scores (one float each) for answers given as text to data-set prompts (evaluation)."""

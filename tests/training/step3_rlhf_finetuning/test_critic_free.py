@@ -14,6 +14,7 @@ from inference.evaluation import builtin_prompts
 from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import DataCollatorRLHF, SampleCounter, prompt_sample, tokenize_answer
 from utils.rl.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
+from utils.rl.base_rate import AnswerBaseRate
 from utils.rl.kl import FixedKLController
 from utils.rl.reward_fns import builtin_reward_fn
 from utils.rl.rewards import compute_rewards
@@ -47,12 +48,13 @@ def build_engine(actor_dir, critic_dir, tokenizer, *extra):
                                actor_steps=10, critic_steps=10, world_size=1)
 
 
-def make_trainer(engine, function=builtin_reward_fn, **overrides):
-    """A trainer with the reward function `function` and `overrides` of the engine's arguments."""
+def make_trainer(engine, function=builtin_reward_fn, base_rate=None, **overrides):
+    """A trainer with the reward function `function` (and its `base_rate`) and `overrides` of the engine's
+    arguments."""
     args = copy.copy(engine.args)
     for key, value in overrides.items():
         setattr(args, key, value)
-    return PPOTrainer(engine, args, function)
+    return PPOTrainer(engine, args, function, base_rate)
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +218,26 @@ def test_reward_model_and_reward_function_combined_by_weight(distributed, step3_
     torch.testing.assert_close(exp.advantages[:, 0], expected, atol=1e-5, rtol=0)
     del engine, trainer
     gc.collect()
+
+
+def test_answer_base_rate_is_left_out_of_the_reward_not_of_the_score(engine, tiny_tokenizer):
+    # 18 is the right answer to a reference question: " 18" earns 1 there, " 19" 0.5 (a near miss), " 5" 0.25
+    references = [*PROMPTS, " Human: What is 10 + 8? Assistant:"]
+    trainer = make_trainer(engine, base_rate=AnswerBaseRate(builtin_reward_fn, "builtin", references),
+                           use_kl_loss=True, reward_fn_weight=2.0)
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    fake_answers(trainer, tiny_tokenizer)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    rows = [(prompt, answer) for prompt, answer in zip([p for p in PROMPTS for _ in range(GROUP)], ANSWERS)]
+    base = torch.tensor([sum(builtin_reward_fn([r], [answer])[0] for r in references if r != prompt) / 2
+                         for prompt, answer in rows])
+    torch.testing.assert_close(base[:3], torch.tensor([0.25, 0.5, 0.125]))  # " 19", " 18", " 5"; the CAT nothing
+    assert exp.stats["score"] == pytest.approx(2.0 * sum(SCORES) / len(SCORES))  # the score as the function says
+    assert exp.stats["answer_base_rate"] == pytest.approx(2.0 * base.mean().item(), abs=1e-6)
+    expected = grpo_advantages((2.0 * (torch.tensor(SCORES) - base)).view(-1, GROUP)).reshape(-1)
+    torch.testing.assert_close(exp.advantages[:, 0], expected, atol=1e-5, rtol=0)
+    uncorrected = grpo_advantages(torch.tensor(SCORES).view(-1, GROUP)).reshape(-1)
+    assert (expected[:GROUP] - uncorrected[:GROUP]).abs().max() > 0.1
 
 
 def test_a_failing_reward_function_stops_with_its_name(engine, tiny_tokenizer):
