@@ -1,39 +1,12 @@
 """The bench's results as a page under docs/: the tables `bench.run.format_report` prints, headed by the exact
-command, the CPU (`lscpu`), the dtype, the commit and the load, and a plot of every paired ratio beside it (a
+command, the CPU (utils/runtime/provenance.py), the dtype, the commit and the load, and a plot of every paired ratio beside it (a
 PNG of the same name; not drawn, and the page says so, where matplotlib is not installed)."""
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from utils.runtime.provenance import code_commit, cpu_name
 
-
-def cpu_model():
-    """The CPU's model name as `lscpu` prints it, else /proc/cpuinfo's, else the platform's."""
-    import platform
-
-    try:
-        output = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        output = ""
-    for line in output.splitlines():
-        if line.startswith("Model name:"):
-            return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
-
-
-def commit():
-    """This clone's commit (short), with `+ uncommitted changes` when its tracked files differ from it."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (head or "unknown") + (" + uncommitted changes" if dirty else "")
 
 
 def command_line(argv):
@@ -99,7 +72,7 @@ def write_report(results, tables, path, targets, argv):
     path.parent.mkdir(parents=True, exist_ok=True)
     machine = results["machine"]
     settings = results["settings"]
-    head = (f"CPU (lscpu): {cpu_model()}; dtype {machine['dtype']}; commit {commit()}; torch {machine['torch']}, "
+    head = (f"CPU: {cpu_name()}; dtype {machine['dtype']}; commit {code_commit()}; torch {machine['torch']}, "
             f"transformers {machine['transformers']}, deepspeed {machine['deepspeed']}; {settings['repeats']} "
             f"repeats after {settings['warmup']} warm-up; {results['wall_time_s']:.0f} s")
     rows = ratio_rows(results, targets)

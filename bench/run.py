@@ -31,7 +31,6 @@ the CPU, the dtype, the commit and the command, so that no table of these figure
 """
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -153,11 +152,11 @@ def machine_info(args):
     import deepspeed
     import transformers
 
-    from utils.runtime.ds_utils import read_cpuinfo, training_dtype
+    from utils.runtime.ds_utils import training_dtype
+    from utils.runtime.provenance import cpu_model
 
     dtype, why = training_dtype("auto")
-    models = [line.partition(":")[2].strip() for line in read_cpuinfo().splitlines() if line.startswith("model name")]
-    return {"cpus": os.cpu_count(), "cpu_model": models[0] if models else platform.processor() or platform.machine(),
+    return {"cpus": os.cpu_count(), "cpu_model": cpu_model(),
             "dtype": dtype, "dtype_why": why, "load_average_start": os.getloadavg(), "threads": args.threads,
             "torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": transformers.__version__}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inference.evaluation import scores_as_a_constant  # noqa: E402
-from scripts.seed_table import command_of, commit, cpu_name, parse_table_args  # noqa: E402
+from scripts.seed_table import command_of, parse_table_args, provenance  # noqa: E402
 
 GOAL = 0.10
 
@@ -78,7 +78,7 @@ def run_row(folder):
 def table(folders, title):
     rows = [run_row(folder) for folder in folders]
     lines = [f"### {title}", "", f"Command: `{command_of(folders[0])}` (each task's spec, `--seed S --output-dir "
-             f"<run>`); CPU: {cpu_name()}; commit: {commit()}.", "",
+             f"<run>`); {provenance(folders)}.", "",
              "| run | base model, sampled / greedy | step-1 steps (stop) | sampled, step 1 -> RL | greedy, step 1 -> RL | solved, greedy "
              "| best constant, greedy | distinct greedy answers (top share) | RL rounds (stop) | minutes | goal |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -5,36 +5,38 @@ what docs/ quotes, so that no result table is typed by hand.
 
 Each run folder is a `train.py --output-dir`. A row per run: held-out checker score sampled and greedy, before ->
 after, and the change of the skill (or task) whose greedy score changed least; then the mean and the spread
-(sample standard deviation) of the gains. The header names the command (report.md's first line), the CPU and the
-commit the table was made at.
+(sample standard deviation) of the gains. The header names the command (report.md's first line), and the CPU and
+the commit of the runs (their reports' rows; this machine's and this clone's where a run predates those rows).
 """
 import argparse
 import json
-import platform
 import statistics
-import subprocess
+import sys
 from pathlib import Path
 
-
-def cpu_name():
-    """The CPU's model name and whether it has native bf16 (the dtype `--dtype auto` picks)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                 "unknown CPU")
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    bf16 = "native bf16" if flags & {"amx_bf16", "avx512_bf16"} else "no native bf16 (fp32)"
-    return f"{model}, {bf16}"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from utils.runtime.provenance import code_commit, cpu_name  # noqa: E402
 
 
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def report_value(folder, measure):
+    """The value of report.md's row `| all | <measure> | value |` in a run folder, None where it has none."""
+    report = Path(folder) / "report.md"
+    prefix = f"| all | {measure} | "
+    lines = report.read_text().splitlines() if report.is_file() else []
+    return next((line[len(prefix):].rstrip(" |") for line in lines if line.startswith(prefix)), None)
+
+
+def provenance(folders):
+    """"CPU: ...; commit: ..." of the runs, as their reports name them (each value once); what a run does not
+    name is this machine's CPU and this clone's commit, marked as the table's."""
+    parts = []
+    for label, measure, here in (("CPU", "CPU", cpu_name), ("commit", "code commit", code_commit)):
+        named = [report_value(folder, measure) for folder in folders]
+        values = list(dict.fromkeys(filter(None, named)))
+        if None in named:
+            values.append(f"{here()} (where a run does not say: the table's)")
+        parts.append(f"{label}: {', '.join(values)}")
+    return "; ".join(parts)
 
 
 def run_row(folder):
@@ -58,7 +60,7 @@ def command_of(folder):
 def table(folders, title):
     rows = [(Path(folder).name, *run_row(folder)) for folder in folders]
     lines = [f"### {title}", "", f"Command: `{command_of(folders[0])}` (with `--seed S --output-dir <run>`); "
-             f"CPU: {cpu_name()}; commit: {commit()}.", "",
+             f"{provenance(folders)}.", "",
              "| run | sampled | greedy | worst greedy skill |", "|---|---|---|---|"]
     for name, s0, s1, g0, g1, change, skill in rows:
         lines.append(f"| {name} | {s0:.3f} -> {s1:.3f} ({s1 - s0:+.3f}) | {g0:.3f} -> {g1:.3f} ({g1 - g0:+.3f}) "

@@ -14,6 +14,20 @@ def write_run(folder, sampled, greedy, seed):
     (folder / "report.md").write_text(f"Measured by `python train.py --seed {seed}`:\n\n| step | measure | value |\n")
 
 
+def test_the_header_names_the_runs_cpu_and_commit_from_their_reports(tmp_path):
+    from utils.runtime.provenance import code_commit
+
+    for seed, commit in ((1, "abc1234"), (2, "abc1234"), (3, None)):
+        write_run(tmp_path / f"s{seed}", 0.6, 0.9, seed)
+        if commit:
+            with open(tmp_path / f"s{seed}" / "report.md", "a") as report:
+                report.write(f"| all | code commit | {commit} |\n| all | CPU | Some CPU, native bf16 |\n")
+    named = table([tmp_path / "s1", tmp_path / "s2"], "Named")
+    assert "CPU: Some CPU, native bf16; commit: abc1234." in named
+    mixed = table([tmp_path / "s1", tmp_path / "s3"], "Mixed")
+    assert f"commit: abc1234, {code_commit()} (where a run does not say: the table's)." in mixed
+
+
 def test_rows_mean_spread_and_worst_skill_come_from_the_runs(tmp_path):
     write_run(tmp_path / "s1", 0.65, 0.95, 1)
     write_run(tmp_path / "s2", 0.75, 0.93, 2)

@@ -17,6 +17,7 @@ from utils.rl.estimators import ESTIMATORS
 from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.preference_losses import PREFERENCE_LOSSES
 from utils.runtime.paths import write_file_atomic
+from utils.runtime.provenance import code_commit, cpu_name
 
 EVALUATION_HEADING = "## Evaluation"
 # Built-in model names (utils/model/model_utils.py resolve_model_path) as the card's base_model names them.
@@ -86,9 +87,7 @@ def machine():
     """One line: the OS, the CPU model and cores (as lscpu names them), the GPUs, the processes of the run."""
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor() or platform.machine())
-    parts = [platform.platform(), f"{cpu} ({os.cpu_count()} cores)"]
+    parts = [platform.platform(), f"{cpu_name()} ({os.cpu_count()} cores)"]
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
         parts.append(f"{count} x {torch.cuda.get_device_name(0)}")
@@ -96,13 +95,6 @@ def machine():
         parts.append("no GPU")
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     return ", ".join(parts) + f"; {world} training process(es)"
-
-
-def _read_lines(path):
-    try:
-        return Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return []
 
 
 def versions():
@@ -198,7 +190,8 @@ def model_card(settings, metrics=None, role=None):
             ("started from", started), ("data", data_row(settings, metrics)), ("steps", steps_row(settings, metrics)),
             ("dtype", str(settings.get("dtype", "-"))), ("ZeRO", ", ".join(zero) or "-"),
             ("LoRA", (", ".join(lora) + (" (fused into the weights)")) if lora else "none"),
-            ("seed", str(settings.get("seed", "-"))), ("machine", machine()), ("libraries", versions())]
+            ("seed", str(settings.get("seed", "-"))), ("machine", machine()), ("libraries", versions()),
+            ("chatrlhf commit", code_commit())]
     lines = ["---", front.to_yaml(), "---", "", f"# {title}", "",
              "Trained with chatrlhf, an RLHF pipeline in raw PyTorch and DeepSpeed in the mould of DeepSpeed-Chat.",
              "", "## Training", "", "| | |", "|---|---|",

@@ -3,33 +3,11 @@ import torch
 
 from utils.runtime.dist import check_op_build_lock
 from utils.runtime.errors import ConfigError
+from utils.runtime.provenance import NATIVE_BF16_CPU_FLAGS, native_bf16_flags, read_cpuinfo
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 LORA_PARAMETER_NAMES = ("lora_right_weight", "lora_left_weight")
 GRADIENT_CLIPPING = 1.0  # max global gradient norm of every trained model (DeepSpeed-Chat's)
-
-
-NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-"""CPU flags (/proc/cpuinfo) of native bf16 matmuls: Intel AMX, AVX-512 BF16 (Intel Cooper Lake+, AMD Zen 4+).
-Without them PyTorch emulates bf16 through fp32 conversions, many times slower than fp32 (docs/performance.md)."""
-
-
-def read_cpuinfo():
-    """/proc/cpuinfo's text ("" where there is none: not Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def native_bf16_flags(cpuinfo):
-    """The NATIVE_BF16_CPU_FLAGS present on the first `flags` line of /proc/cpuinfo text."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in value.split()]
-    return []
 
 
 def choose_dtype(dtype, device="cpu", device_bf16=False, cpuinfo=None):

@@ -9,6 +9,7 @@ import pytest
 
 from utils.model.card import add_evaluation, hub_datasets, model_card, stage_of
 from utils.model.save import MODEL_CARD, TRAINING_SETTINGS
+from utils.runtime.provenance import code_commit, cpu_name
 
 
 def front_matter(text):
@@ -55,6 +56,7 @@ def test_the_front_matter_parses_and_names_the_base_model_through_the_saved_fold
     assert "| steps | 40 optimizer steps |" in card and "| dtype | bf16 |" in card
     assert "| accuracy | 0.5 -> 0.75 |" in card
     assert "--loss_type sigmoid" in card and "--lora_dim 16" in card
+    assert f"| chatrlhf commit | {code_commit()} |" in card and cpu_name() in card
 
 
 def test_a_reward_model_card_has_no_text_generation_tag_and_hub_data_sets_only_by_name(tmp_path):

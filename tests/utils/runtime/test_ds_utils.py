@@ -15,8 +15,9 @@ from transformers import AutoModelForCausalLM
 from utils.model.lora import convert_linear_layer_to_lora
 from utils.runtime.ds_utils import (choose_dtype, create_optimizer, get_eval_ds_config,
                                     get_optimizer_grouped_parameters, get_train_ds_config, merge_user_ds_config,
-                                    native_bf16_flags, read_cpuinfo, resolve_dtype, training_dtype)
+                                    resolve_dtype, training_dtype)
 from utils.runtime.errors import ConfigError
+from utils.runtime.provenance import native_bf16_flags, read_cpuinfo
 
 
 def opt_with_lora(small_config):
