@@ -25,7 +25,7 @@ from utils.runtime.dist import to_device
 from utils.runtime.errors import cli_entry
 from utils.runtime.progress import eval_batches
 from utils.trainer.engine import start_run, train_ds_config_from_args
-from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
+from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine
 
 
 def parse_args(argv=None):
@@ -78,23 +78,11 @@ def main(argv=None):
         check_keeps_samples_apart(engine.module)
 
     # Loop (resumed from the latest checkpoint with --resume): perplexity before training, every --eval_interval
-    # steps and after each epoch
+    # steps and at the end; without --eval_interval after each epoch instead
     state = LoopState(args, engine, train_loader, world_size, step=1, run_name="step1_sft")
-    run_eval = state.evaluator(engine, lambda: evaluate_perplexity(engine, eval_loader, device, args.eval_iters))
-    metrics = state.metrics_before(run_eval)
-
-    def epoch_end(epoch):
-        metrics.update({f"{name}_after": value for name, value in
-                        run_eval(f"after epoch {epoch + 1}/{args.num_train_epochs}").items()})
-
-    # With --eval_interval its evaluations and one at the end replace the evaluation after each epoch (a small
-    # data set's epochs can be a few steps each).
-    train_loop(engine, state, args, total_steps, device,
-               loss_and_stats=lambda batch: (causal_lm_loss(engine, batch), {}),
-               checkpoint_state={"metrics": metrics}, run_eval=run_eval,
-               epoch_end=None if args.eval_interval else epoch_end)
-    if args.eval_interval:
-        metrics.update({f"{name}_after": value for name, value in run_eval("after training").items()})
+    metrics = state.train(engine, args, total_steps, device,
+                          evaluate=lambda: evaluate_perplexity(engine, eval_loader, device, args.eval_iters),
+                          loss_and_stats=lambda batch: (causal_lm_loss(engine, batch), {}), eval_each_epoch=True)
 
     # Save
     save_run(engine, tokenizer, args, metrics, state, start_time)

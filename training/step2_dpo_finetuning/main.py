@@ -40,7 +40,7 @@ from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.progress import progress
 from utils.trainer.engine import start_run, train_ds_config_from_args
 from utils.trainer.frozen import add_beta_arg, add_reference_args, load_reference, resolve_reference_path
-from utils.trainer.loop import LoopState, evaluate_mean, make_loaders, save_run, step_data, step_engine, train_loop
+from utils.trainer.loop import LoopState, evaluate_mean, make_loaders, save_run, step_data, step_engine
 
 
 def parse_args(argv=None):
@@ -211,12 +211,10 @@ def main(argv=None):
 
     # Loop (resumed from the latest checkpoint with --resume)
     state = LoopState(args, engine, train_loader, world_size, step="dpo", run_name="step2_dpo")
-    run_eval = state.evaluator(engine, lambda: evaluate_preference(engine, reference, eval_loader, device, args))
-    metrics = state.metrics_before(run_eval)
-    train_loop(engine, state, args, total_steps, device,
-               loss_and_stats=lambda batch: preference_batch_loss(engine, reference, batch, args),
-               checkpoint_state={"metrics": metrics}, run_eval=run_eval, what=f"the {args.loss_type} loss")
-    metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
+    metrics = state.train(engine, args, total_steps, device,
+                          evaluate=lambda: evaluate_preference(engine, reference, eval_loader, device, args),
+                          loss_and_stats=lambda batch: preference_batch_loss(engine, reference, batch, args),
+                          what=f"the {args.loss_type} loss")
 
     # Save
     save_run(engine, tokenizer, args, metrics, state, start_time)

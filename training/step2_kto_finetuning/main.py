@@ -34,7 +34,7 @@ from utils.runtime.dist import all_reduce_mean, print_rank_0
 from utils.runtime.errors import cli_entry
 from utils.trainer.engine import start_run, train_ds_config_from_args
 from utils.trainer.frozen import add_beta_arg, add_reference_args, load_reference, resolve_reference_path
-from utils.trainer.loop import LoopState, evaluate_mean, make_loaders, save_run, step_data, step_engine, train_loop
+from utils.trainer.loop import LoopState, evaluate_mean, make_loaders, save_run, step_data, step_engine
 
 
 def parse_args(argv=None):
@@ -115,14 +115,12 @@ def main(argv=None):
 
     # Loop (resumed from the latest checkpoint with --resume)
     state = LoopState(args, engine, train_loader, world_size, step="kto", run_name="step2_kto")
-    run_eval = state.evaluator(engine, lambda: evaluate_mean(
-        engine, eval_loader, device, args.eval_iters, lambda batch: feedback_batch_loss(engine, reference, batch, args),
-        rows=lambda batch: batch["input_ids"].shape[0]))
-    metrics = state.metrics_before(run_eval)
-    train_loop(engine, state, args, total_steps, device,
-               loss_and_stats=lambda batch: feedback_batch_loss(engine, reference, batch, args),
-               checkpoint_state={"metrics": metrics}, run_eval=run_eval, what="the KTO loss")
-    metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
+    def loss_and_stats(batch):
+        return feedback_batch_loss(engine, reference, batch, args)
+
+    metrics = state.train(engine, args, total_steps, device, loss_and_stats=loss_and_stats, what="the KTO loss",
+                          evaluate=lambda: evaluate_mean(engine, eval_loader, device, args.eval_iters, loss_and_stats,
+                                                         rows=lambda batch: batch["input_ids"].shape[0]))
 
     # Save
     save_run(engine, tokenizer, args, metrics, state, start_time)

@@ -24,7 +24,7 @@ from utils.runtime.dist import to_device
 from utils.runtime.errors import cli_entry
 from utils.runtime.progress import eval_batches
 from utils.trainer.engine import start_run, train_ds_config_from_args
-from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine, train_loop
+from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine
 
 
 def parse_args(argv=None):
@@ -76,16 +76,14 @@ def main(argv=None):
 
     # Loop (resumed from the latest checkpoint with --resume)
     state = LoopState(args, engine, train_loader, world_size, step=2, run_name="step2_reward")
-    run_eval = state.evaluator(engine, lambda: evaluate_reward(engine, eval_loader, device, args.eval_iters))
-    metrics = state.metrics_before(run_eval)
 
     def loss_and_stats(batch):
         out = engine(**batch)
         return out["loss"], {"batch_accuracy": (out["chosen_end_scores"] > out["rejected_end_scores"]).float().mean()}
 
-    train_loop(engine, state, args, total_steps, device, loss_and_stats=loss_and_stats,
-               checkpoint_state={"metrics": metrics}, run_eval=run_eval, what="the reward-model loss")
-    metrics.update({f"{k}_after": v for k, v in run_eval("after training").items()})
+    metrics = state.train(engine, args, total_steps, device,
+                          evaluate=lambda: evaluate_reward(engine, eval_loader, device, args.eval_iters),
+                          loss_and_stats=loss_and_stats, what="the reward-model loss")
 
     # Save
     save_run(engine, tokenizer, args, metrics, state, start_time)

@@ -78,9 +78,13 @@ class LoopState:
         self.stop = stop_rule_from_args(args, engine.device, state=(self.resumed or {}).get("stop"))
         self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
 
-    def evaluator(self, engine, evaluate):
-        """run_eval(when) -> scores: `evaluate()` ({name: float}, run eager under --compile), printed as
-        `eval <when>: ...` and written to TensorBoard at the engine's step."""
+    def train(self, engine, args, total_steps, device, *, evaluate, loss_and_stats, what="the training loss",
+              eval_each_epoch=False):
+        """The step's training between its evaluations; its metrics. `evaluate()` ({name: float}, run eager under
+        --compile, printed and written to TensorBoard) runs before training (`<name>_before`; a resumed run keeps
+        its checkpoint's), every --eval_interval steps (the stop rule sees it) and after training (`<name>_after`);
+        with `eval_each_epoch` and no --eval_interval, after each epoch instead. `loss_and_stats` and `what` are
+        train_loop's."""
         def run_eval(when):
             with eager():
                 scores = evaluate()
@@ -88,13 +92,19 @@ class LoopState:
             self.monitor.write(engine.global_steps, "eval", **scores)
             return scores
 
-        return run_eval
+        def after(when):
+            metrics.update({f"{name}_after": value for name, value in run_eval(when).items()})
 
-    def metrics_before(self, run_eval):
-        """The run's metrics so far: the resumed checkpoint's, or `<name>_before` of an evaluation now."""
-        if self.resumed:
-            return self.resumed["metrics"]
-        return {f"{name}_before": value for name, value in run_eval("before training").items()}
+        metrics = (self.resumed["metrics"] if self.resumed else
+                   {f"{name}_before": value for name, value in run_eval("before training").items()})
+        each_epoch = eval_each_epoch and not args.eval_interval
+        train_loop(engine, self, args, total_steps, device, loss_and_stats=loss_and_stats,
+                   checkpoint_state={"metrics": metrics}, run_eval=run_eval, what=what,
+                   epoch_end=(lambda epoch: after(f"after epoch {epoch + 1}/{args.num_train_epochs}")) if each_epoch
+                   else None)
+        if not each_epoch:
+            after("after training")
+        return metrics
 
 
 def evaluate_mean(engine, eval_loader, device, eval_iters, loss_and_stats, rows):
