@@ -12,8 +12,8 @@ import torch
 
 from bench.measure import paired_rates, timed
 from bench.models import model_path
-from bench.step1 import CASES, batch_runner, build_engine, engine_train_step, step1_args, step1_batches
-from utils.model.model_utils import answer_logprobs, causal_lm_loss, load_tokenizer, plain_output_layer
+from bench.step1 import CASES, batch_runner, engine_train_step, step1_case
+from utils.model.model_utils import answer_logprobs, causal_lm_loss, plain_output_layer
 
 SHAPES = {"groups": {"prompts": 2, "group": 8, "prompt_len": 57, "answer_len": 8},
           "rows": {"prompts": 16, "group": 1, "prompt_len": 32, "answer_len": 12}}
@@ -29,18 +29,12 @@ def plain(step):
 
 def measure_head_step1(model_name, repeats, warmup, num_batches=4):
     """Step 1's train tokens/s fused (`ours`) against plain (`baseline`), one engine stepping both ways."""
-    case = CASES[model_name]
-    path = model_path(model_name)
-    tokenizer = load_tokenizer(path)
-    args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"])
-    batches = step1_batches(model_name, tokenizer, args, num_batches)
-    torch.manual_seed(args.seed)
-    engine = build_engine(args, tokenizer)
+    args, batches, engine = step1_case(model_name, num_batches)
     with torch.no_grad():
         hugging_face_loss = engine(**batches[0], use_cache=False).loss
         difference = (causal_lm_loss(engine, batches[0]) - hugging_face_loss).abs().item()
     step = lambda batch: engine_train_step(engine, batch)  # noqa: E731
-    steps = case["steps_per_run"]
+    steps = CASES[model_name]["steps_per_run"]
     config = engine.module.config
     rates = paired_rates(batch_runner(step, batches, config, steps), batch_runner(plain(step), batches, config, steps),
                          repeats, warmup, desc=f"head step 1 {model_name}")

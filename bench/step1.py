@@ -67,6 +67,18 @@ def build_engine(args, tokenizer, world_size=1, total_steps=10 ** 6):
     return train_engine_from_args(model, ds_config, args, total_steps)
 
 
+def step1_case(model_name, num_batches, zero_stage=0, compiled=False, world_size=1):
+    """(args, batches, engine) of a CASES model: step 1's flags for it, `num_batches` of its batches and the
+    engine step 1 would build (weights drawn after the seed, as step 1 draws them)."""
+    case = CASES[model_name]
+    path = model_path(model_name)
+    tokenizer = load_tokenizer(path)
+    args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"], zero_stage, compiled)
+    batches = step1_batches(model_name, tokenizer, args, num_batches)
+    torch.manual_seed(args.seed)
+    return args, batches, build_engine(args, tokenizer, world_size)
+
+
 def engine_train_step(engine, batch):
     """One micro-step of step 1's loop (utils.trainer.loop.train_loop): step 1's loss (`causal_lm_loss`: the
     output layer fused with it), finiteness check, backward, step; the loss."""
@@ -149,13 +161,8 @@ def measure_step1(model_name, repeats, warmup, num_batches=8):
     """Tokens/s and FLOP/s of ours and of the bare loop (pairs), their ratio, and the MFU of each run: its FLOP/s
     over the FLOP/s of a large matmul in the same dtype measured just before it."""
     case = CASES[model_name]
-    path = model_path(model_name)
-    tokenizer = load_tokenizer(path)
-    args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"])
-    batches = step1_batches(model_name, tokenizer, args, num_batches)
-    torch.manual_seed(args.seed)
-    engine = build_engine(args, tokenizer)
-    bare = BareTrainer(args, tokenizer)
+    args, batches, engine = step1_case(model_name, num_batches)
+    bare = BareTrainer(args, load_tokenizer(args.model_name_or_path))
     steps = case["steps_per_run"]
     ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
     baseline = batch_runner(bare.train_step, batches, bare.model.config, steps)
@@ -184,13 +191,7 @@ def measure_compile(model_name, repeats, warmup, num_batches=8):
     (`utils.trainer.engine.eager`) in alternation, so both sides train the same weights on the same batches.
     Before the timed runs the compiled engine takes one step on a batch of each shape: the compile (and a
     recompile for a new shape), whose seconds (with those steps') are `compile_seconds`."""
-    case = CASES[model_name]
-    path = model_path(model_name)
-    tokenizer = load_tokenizer(path)
-    args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"], compiled=True)
-    batches = step1_batches(model_name, tokenizer, args, num_batches)
-    torch.manual_seed(args.seed)
-    engine = build_engine(args, tokenizer)
+    _, batches, engine = step1_case(model_name, num_batches, compiled=True)
     start = time.perf_counter()
     for batch in {tuple(batch["input_ids"].shape): batch for batch in batches}.values():
         engine_train_step(engine, batch)
@@ -200,7 +201,7 @@ def measure_compile(model_name, repeats, warmup, num_batches=8):
         with eager():
             return engine_train_step(engine, batch)
 
-    steps = case["steps_per_run"]
+    steps = CASES[model_name]["steps_per_run"]
     ours = batch_runner(lambda batch: engine_train_step(engine, batch), batches, engine.module.config, steps)
     baseline = batch_runner(eager_step, batches, engine.module.config, steps)
     rates = paired_mfu(ours, baseline, args.dtype, repeats, warmup, desc=f"step 1 {model_name} --compile")

@@ -30,16 +30,10 @@ def parse_args(argv=None):
 
 def run_step1(model_name, zero_stage, steps, world_size):
     from bench.measure import timed
-    from bench.models import model_path
-    from bench.step1 import CASES, build_engine, engine_train_step, step1_args, step1_batches
-    from utils.model.model_utils import load_tokenizer
+    from bench.step1 import engine_train_step, step1_case
 
-    case = CASES[model_name]
-    path = model_path(model_name)
-    tokenizer = load_tokenizer(path)
-    args = step1_args(path, case["dtype"], case["batch_size"], case["seq_len"], zero_stage)
-    engine = build_engine(args, tokenizer, world_size)
-    return [timed(engine_train_step, engine, batch)[1] for batch in step1_batches(model_name, tokenizer, args, steps)]
+    _, batches, engine = step1_case(model_name, steps, zero_stage, world_size=world_size)
+    return [timed(engine_train_step, engine, batch)[1] for batch in batches]
 
 
 def run_step3(steps):
