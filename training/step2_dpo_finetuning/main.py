@@ -34,20 +34,17 @@ from utils.data.data_utils import DataCollatorPreference, ListDataset
 from utils.model.model_utils import answer_sequence_logprobs, create_hf_model, resolve_model_path
 from utils.rl.losses import chosen_nll
 from utils.rl.preference_losses import PREFERENCE_LOSSES, preference_loss
-from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args, registry_help
+from utils.runtime.args import parse_step_args, registry_help
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.progress import progress
 from utils.trainer.engine import start_run, train_ds_config_from_args
-from utils.trainer.frozen import add_beta_arg, add_reference_args, load_reference, resolve_reference_path
+from utils.trainer.frozen import add_beta_arg, load_reference, reference_stage_parser, resolve_reference_path
 from utils.trainer.loop import LoopState, evaluate_mean, make_loaders, save_run, step_data, step_engine
 
 
 def parse_args(argv=None):
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
-    groups = add_step_args(parser, default_lr=1e-4, eval_interval=True)
-    add_reference_args(groups["model"], groups["deepspeed"])
-    parser.set_defaults(dropout=0.0)  # policy and reference must compute the same function at step 0
+    parser = reference_stage_parser(__doc__.splitlines()[0])
     dpo = parser.add_argument_group("preference loss")
     dpo.add_argument("--loss_type", type=str, default="sigmoid", choices=tuple(PREFERENCE_LOSSES),
                      help="The loss on each pair; default %(default)s. " +

@@ -29,19 +29,16 @@ import torch
 from utils.data.data_utils import DataCollatorFeedback
 from utils.model.model_utils import answer_sequence_logprobs, create_hf_model, resolve_model_path
 from utils.rl.kto import kto_kl_estimate, kto_loss
-from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
+from utils.runtime.args import parse_step_args
 from utils.runtime.dist import all_reduce_mean, print_rank_0
 from utils.runtime.errors import cli_entry
 from utils.trainer.engine import start_run, train_ds_config_from_args
-from utils.trainer.frozen import add_beta_arg, add_reference_args, load_reference, resolve_reference_path
+from utils.trainer.frozen import add_beta_arg, load_reference, reference_stage_parser, resolve_reference_path
 from utils.trainer.loop import LoopState, evaluate_mean, make_loaders, save_run, step_data, step_engine
 
 
 def parse_args(argv=None):
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
-    groups = add_step_args(parser, default_lr=1e-4, eval_interval=True)
-    add_reference_args(groups["model"], groups["deepspeed"])
-    parser.set_defaults(dropout=0.0)  # policy and reference must compute the same function at step 0
+    parser = reference_stage_parser(__doc__.splitlines()[0])
     kto = parser.add_argument_group("KTO loss")
     add_beta_arg(kto, help="Scale of the log-ratio reward r = log pi(y|x) - log ref(y|x) inside the sigmoid; default "
                            "%(default)s.")

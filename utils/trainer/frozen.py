@@ -10,7 +10,7 @@ import torch
 from utils.model.lora import convert_linear_layer_to_lora
 from utils.model.model_utils import create_hf_model, resolve_model_path
 from utils.model.reward_model import RewardModel
-from utils.runtime.args import add_offload_reference_model_arg
+from utils.runtime.args import ArgumentParser, add_offload_reference_model_arg, add_step_args
 from utils.runtime.dist import print_rank_0
 from utils.runtime.ds_utils import get_eval_ds_config
 from utils.runtime.errors import ConfigError
@@ -46,13 +46,18 @@ def frozen_causal_lm(path, tokenizer, ds_config, what, *, dropout=0.0, trust_rem
     return init_frozen(model, ds_config, what)
 
 
-def add_reference_args(model_group, deepspeed_group):
-    """The flags of a preference stage's frozen reference (DPO, KTO), read by resolve_reference_path and
-    load_reference."""
-    model_group.add_argument("--ref_model_name_or_path", type=str, default=None,
-                             help="The frozen reference (default: --model_name_or_path, the weights training starts "
-                                  "from).")
-    add_offload_reference_model_arg(deepspeed_group)
+def reference_stage_parser(description):
+    """The parser of a preference stage trained against a frozen reference (DPO, KTO): a step's flags (learning
+    rate 1e-4, --eval_interval), the reference's (read by resolve_reference_path and load_reference), and dropout
+    off by default; the caller adds its loss's group and parses (parse_step_args)."""
+    parser = ArgumentParser(description=description)
+    groups = add_step_args(parser, default_lr=1e-4, eval_interval=True)
+    groups["model"].add_argument("--ref_model_name_or_path", type=str, default=None,
+                                 help="The frozen reference (default: --model_name_or_path, the weights training "
+                                      "starts from).")
+    add_offload_reference_model_arg(groups["deepspeed"])
+    parser.set_defaults(dropout=0.0)  # policy and reference must compute the same function at step 0
+    return parser
 
 
 def add_beta_arg(group, help):
