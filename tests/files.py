@@ -45,3 +45,23 @@ def offline_hub(cache):
 def offline_env(cache):
     """The environment variables that put a fresh process's `datasets` offline with its cache in `cache`."""
     return {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(cache)}
+
+
+def saved_pair_logps(folder, cache, tokenizer, count=32):
+    """(chosen, rejected): the mean log-probs the model saved in `folder` gives the answers of the first `count`
+    eval pairs of the built-in data (phase 2 of --data_split 1000,100,1000, 64 tokens, seed 1234; split indices
+    cached in `cache`): what a preference stage reports as chosen_logps / rejected_logps on its first eval
+    batches."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from utils.data.data_utils import DataCollatorPreference, create_prompt_dataset
+    from utils.rl.tokens import sequence_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    _, evaluation = create_prompt_dataset(["builtin"], "1000,100,1000", str(cache), 2, 1234, tokenizer, 64)
+    batch = DataCollatorPreference(tokenizer.pad_token_id)([evaluation[i] for i in range(count)])
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logps = sequence_logprobs(logits, batch["input_ids"], batch["answer_mask"])
+    return logps[:count].mean().item(), logps[count:].mean().item()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from tests.files import saved_pair_logps
 from training.step2_dpo_finetuning import main as dpo
 from utils.data.data_utils import DataCollatorPreference, SampleCounter, create_prompt_dataset, pair_sample
 from utils.trainer.engine import train_ds_config_from_args, train_engine_from_args
@@ -169,19 +170,9 @@ def test_a_run_learns_the_preference_and_saves_a_model_that_reproduces_its_evalu
                  "rejected_logps"):
         assert f"train/{name}" in tags and f"eval/{name}" in tags
     # The saved folder gives the policy log-probs the run reported for its first two eval batches.
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    _, evaluation = create_prompt_dataset(["builtin"], "1000,100,1000", str(tmp_path / "cache"), 2, 1234,
-                                          tiny_tokenizer, 64)
-    batch = DataCollatorPreference(tiny_tokenizer.pad_token_id)([evaluation[i] for i in range(32)])
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    from utils.rl.tokens import sequence_logprobs
-
-    logps = sequence_logprobs(logits, batch["input_ids"], batch["answer_mask"])
-    assert logps[:32].mean().item() == pytest.approx(metrics["chosen_logps_after"], abs=1e-3)
-    assert logps[32:].mean().item() == pytest.approx(metrics["rejected_logps_after"], abs=1e-3)
+    chosen, rejected = saved_pair_logps(out, tmp_path / "cache", tiny_tokenizer)
+    assert chosen == pytest.approx(metrics["chosen_logps_after"], abs=1e-3)
+    assert rejected == pytest.approx(metrics["rejected_logps_after"], abs=1e-3)
 
 
 def tensorboard_tags(path):

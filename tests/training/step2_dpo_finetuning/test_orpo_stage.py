@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from utils.data.data_utils import DataCollatorPreference, create_prompt_dataset
+from tests.files import saved_pair_logps
 
 REPO = Path(__file__).resolve().parents[3]
 STEP_DIR = REPO / "training" / "step2_dpo_finetuning"
@@ -37,15 +36,5 @@ def test_orpo_trains_the_base_model_without_a_reference(tiny_tokenizer, tmp_path
     settings = json.loads((out / "training_settings.json").read_text())
     assert (settings["loss_type"], settings["model_name_or_path"]) == ("orpo", "tiny")
     # The saved folder gives the log-probs the run reported for its first two eval batches.
-    from transformers import AutoModelForCausalLM
-
-    from utils.rl.tokens import sequence_logprobs
-
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    _, evaluation = create_prompt_dataset(["builtin"], "1000,100,1000", str(tmp_path / "cache"), 2, 1234,
-                                          tiny_tokenizer, 64)
-    batch = DataCollatorPreference(tiny_tokenizer.pad_token_id)([evaluation[i] for i in range(32)])
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logps = sequence_logprobs(logits, batch["input_ids"], batch["answer_mask"])
-    assert logps[:32].mean().item() == pytest.approx(metrics["chosen_logps_after"], abs=1e-3)
+    chosen, _ = saved_pair_logps(out, tmp_path / "cache", tiny_tokenizer)
+    assert chosen == pytest.approx(metrics["chosen_logps_after"], abs=1e-3)
