@@ -234,6 +234,10 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
                              answers of it; "all": the best one answer to every question, among each group's best
                              MODEL_CANDIDATES constants and the model's most frequent answers
         best_constant_answer that answer
+        pass_at_k            the share of the questions that at least one of their k answers (k: the rounds)
+                             solves, scored 1 by a task's `checker` (one with `key`): with k > 1, what sampling
+                             finds and RL can reinforce (a greedy decoding's pass@1 is its share of full marks)
+        k                    the answers per question
         answers              how many answers
 
     `answers` answer `prompts` in rounds (answer i answers prompt i % len(prompts)). Without a checker there is
@@ -257,9 +261,17 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
         stats["top_answer"][group] = top
         stats["top_answer_share"][group] = top_count / sum(given.values())
         frequent[group] = [answer for answer, _ in given.most_common(MODEL_CANDIDATES)]
+    rounds = len(answers) // len(prompts)
     if checker is None:
         del stats["best_constant"], stats["best_constant_answer"]
-        return {**stats, "answers": len(answers)}
+        return {**stats, "k": rounds, "answers": len(answers)}
+    if key:  # a task's checker, scores in [0, 1] (a plain function's scale is its own)
+        solved = [False] * len(prompts)
+        for i, answer in enumerate(answers):
+            if not solved[i % len(prompts)]:
+                solved[i % len(prompts)] = float(checker([prompts[i % len(prompts)]], [answer])["all"]) >= 1.0
+        stats["pass_at_k"] = {group: sum(solved[i] for i in indices) / len(indices)
+                              for group, indices in groups.items()}
 
     def score(group, answer):
         if (group, answer) not in constant_scores:
@@ -280,7 +292,7 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
         best = max(candidates, key=lambda answer: score("all", answer))
         stats["best_constant"]["all"], stats["best_constant_answer"]["all"] = score("all", best), best
     stats = {name: {group: values[group] for group in groups if group in values} for name, values in stats.items()}
-    return {**stats, "answers": len(answers)}
+    return {**stats, "k": rounds, "answers": len(answers)}
 
 
 def answer_scalars(stats):

@@ -7,17 +7,19 @@ table is typed by hand.
 A row per run: the task, the base model's score (where the run folder holds `base-evaluation.json`: prompt_eval.py
 with the base model as its baseline, the closing evaluation's flags), step 1's optimizer steps and why it stopped,
 the held-out verifier score of the step-1 and the RL actor, sampled and greedy, the share of greedy answers with
-full marks (where the verifier gives partial credit, a mean can rise without one more answer right), the greedy
-score of the best constant answer and the RL actor's distinct greedy answers, the steps RL trained and the whole
+full marks (where the verifier gives partial credit, a mean can rise without one more answer right), the sampled
+pass@k of both (the questions one of k answers solves: what RL can find and reinforce), the greedy score of the
+best constant answer and the RL actor's distinct greedy answers, the steps RL trained and the whole
 command's wall time; then whether the run meets goal 2 (+0.10 sampled and greedy, and not a constant answer's
 score) and how many runs do.
 """
 import json
+import shlex
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from inference.evaluation import scores_as_a_constant  # noqa: E402
+from inference.evaluation import answer_stats, heldout_set, scores_as_a_constant  # noqa: E402
 from scripts.seed_table import command_of, parse_table_args, provenance  # noqa: E402
 
 GOAL = 0.10
@@ -47,6 +49,24 @@ def _wall_time(folder):
     return None
 
 
+def _pass_at_k(folder, result):
+    """A model's sampled pass@k (the questions one of its k answers solves): its answer_stats' where the run
+    reported it, else recomputed from the answers evaluation.json keeps with the verifier of the run's
+    `--data-path` (a run made before pass@k was reported); None where neither can be had."""
+    stats = result["answer_stats"]["sampled"]
+    if "pass_at_k" in stats:
+        return stats["pass_at_k"]["all"], stats["k"]
+    words = shlex.split(command_of(folder))
+    spec = words[words.index("--data-path") + 1] if "--data-path" in words[:-1] else None
+    answers = result.get("answers", {}).get("sampled")
+    if not spec or not answers:
+        return None
+    prompts, checker = heldout_set([spec])
+    prompts = prompts[:len(result["answers"]["greedy"])]
+    stats = answer_stats(prompts, answers, checker)
+    return stats["pass_at_k"]["all"], stats["k"]
+
+
 def run_row(folder):
     folder = Path(folder)
     evaluation = _json(folder / "evaluation.json")
@@ -58,6 +78,7 @@ def run_row(folder):
                    for decoding in ("sampled", "greedy"))
     stats = after["answer_stats"]["greedy"]
     base = _json(folder / "base-evaluation.json").get("baseline")
+    passes = [_pass_at_k(folder, result) for result in (before, after)]
     return {
         "task": folder.name, "step1": f"{step1.get('optimizer_steps', '-')} ({_stop(step1)})",
         "base": f"{base['sampled']['all']:.3f} / {base['greedy']['all']:.3f}" if base else "-",
@@ -65,6 +86,7 @@ def run_row(folder):
         "greedy": f"{before['greedy']['all']:.3f} -> {after['greedy']['all']:.3f} ({gains['greedy']:+.3f})",
         "solved": (f"{before['greedy']['solved']:.3f} -> {after['greedy']['solved']:.3f}"
                    if "solved" in before["greedy"] and "solved" in after["greedy"] else "-"),
+        "pass": (f"{passes[0][0]:.3f} -> {passes[1][0]:.3f}" if all(passes) else "-"),
         "constant": f"{stats['best_constant']['all']:.3f}",
         "distinct": f"{stats['distinct_answers']['all']} ({stats['top_answer_share']['all']:.0%})",
         "rl": f"{rl.get('total_steps', '-') if not rl.get('stopped') else rl['stopped']['step']} "
@@ -80,12 +102,12 @@ def table(folders, title):
     lines = [f"### {title}", "", f"Command: `{command_of(folders[0])}` (each task's spec, `--seed S --output-dir "
              f"<run>`); {provenance(folders)}.", "",
              "| run | base model, sampled / greedy | step-1 steps (stop) | sampled, step 1 -> RL | greedy, step 1 -> RL | solved, greedy "
-             "| best constant, greedy | distinct greedy answers (top share) | RL rounds (stop) | minutes | goal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| pass@k, step 1 -> RL | best constant, greedy | distinct greedy answers (top share) | RL rounds (stop) | minutes | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         verdict = "met" if row["met"] else ("constant answer" if row["constant_answer"] else "-")
         lines.append(f"| {row['task']} | {row['base']} | {row['step1']} | {row['sampled']} | {row['greedy']} | {row['solved']} "
-                     f"| {row['constant']} "
+                     f"| {row['pass']} | {row['constant']} "
                      f"| {row['distinct']} | {row['rl']} | {row['minutes']} | {verdict} |")
     met = sum(row["met"] for row in rows)
     lines += ["", f"Goal 2 (+{GOAL:.2f} sampled and greedy over the step-1 actor, not a constant answer's score) met "

@@ -43,6 +43,14 @@ def test_answers_in_rounds_count_every_round_and_compare_stripped():
     assert stats["top_answer_share"]["all"] == 0.5 and stats["answers"] == 4
 
 
+def test_pass_at_k_counts_the_questions_one_of_their_answers_solves():
+    prompts = add_prompts([(1, 1), (1, 2), (4, 5)])  # 2, 3, 9
+    stats = answer_stats(prompts, ["2", "4", "8", "1", "4", "9"], BUILTIN_CHECKER)  # two rounds
+    # the first solved in round 1, the third in round 2, the second never (4 is a near miss, 0.5)
+    assert stats["k"] == 2 and stats["pass_at_k"] == {"all": pytest.approx(2 / 3), "add": pytest.approx(2 / 3)}
+    assert answer_stats(prompts, ["2", "4", "8"], BUILTIN_CHECKER)["pass_at_k"]["all"] == pytest.approx(1 / 3)
+
+
 def test_without_a_checker_there_is_no_best_constant_and_a_plain_checker_has_one_group():
     prompts = add_prompts([(1, 1), (1, 2), (4, 5)])
     stats = answer_stats(prompts, ["2", "2", "x"])
@@ -53,6 +61,7 @@ def test_without_a_checker_there_is_no_best_constant_and_a_plain_checker_has_one
 
     stats = answer_stats(prompts, ["2", "2", "xyz"], mean_length)
     assert stats["best_constant"] == {"all": 3.0} and stats["best_constant_answer"] == {"all": "xyz"}
+    assert "pass_at_k" not in stats  # "solved" means nothing on a reward function's own scale
 
 
 def test_a_constant_model_on_the_builtin_task_scores_the_best_constant_and_gives_one_answer(monkeypatch,

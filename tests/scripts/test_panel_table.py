@@ -39,9 +39,28 @@ def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
     (tmp_path / "gcd-1" / "base-evaluation.json").write_text(json.dumps(
         {"baseline": {"sampled": {"all": 0.01}, "greedy": {"all": 0.02}}}))
     text = table([tmp_path / "gcd-1", tmp_path / "count-1", tmp_path / "lcm-1"], "Panel")
-    assert ("| gcd-1 | 0.010 / 0.020 | 70 (time) | 0.100 -> 0.350 (+0.250) | 0.200 -> 0.400 (+0.200) | 0.100 -> 0.250 | 0.300 "
-            "| 45 (15%) "
+    assert ("| gcd-1 | 0.010 / 0.020 | 70 (time) | 0.100 -> 0.350 (+0.250) | 0.200 -> 0.400 (+0.200) | 0.100 -> 0.250 | - "
+            "| 0.300 | 45 (15%) "
             "| 40 (budget) | 15.0 | met |") in text
     assert "| count-1 | - | 50 (eval loss) |" in text and "| 31 (time) | 15.0 | constant answer |" in text
     assert "| lcm-1 | - | 70 (budget) | 0.100 -> 0.150 (+0.050) |" in text and text.count("| met |") == 1
     assert "met in 1 of 3 runs (33%)" in text
+
+
+def test_pass_at_k_is_the_runs_or_recomputed_from_its_answers_with_the_specs_verifier(tmp_path):
+    from inference.evaluation import heldout_set
+
+    spec = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&max_digits=1&size=40"
+    prompts, checker = heldout_set([spec])
+    right = [checker.key(prompt)[1] for prompt in prompts[:4]]  # the reference answers
+    wrong = ["-1"] * 4
+    after_stats = {"sampled": {**stats(0.1, 4, 0.3), "pass_at_k": {"all": 0.75}, "k": 2},
+                   "greedy": stats(0.1, 4, 0.3)}
+    write_run(tmp_path / "sum-1", {"sampled": {"all": 0.5}, "greedy": {"all": 0.5}}, after_stats)
+    evaluation = json.loads((tmp_path / "sum-1" / "evaluation.json").read_text())
+    # the step-1 actor's answers, two rounds over 4 questions: the first two questions solved in round 2 only
+    evaluation["baseline"]["answers"] = {"sampled": wrong + right[:2] + wrong[:2], "greedy": wrong}
+    (tmp_path / "sum-1" / "evaluation.json").write_text(json.dumps(evaluation))
+    (tmp_path / "sum-1" / "report.md").write_text(
+        f"Measured by `python train.py --data-path '{spec}' --algorithm grpo`:\n\n| all | wall time | 60 s |\n")
+    assert "| 0.500 -> 0.750 |" in table([tmp_path / "sum-1"], "Panel")

@@ -69,12 +69,16 @@ def data_rows(label, metrics, steps="optimizer steps"):
 
 def answer_rows(before, after, decoding, models):
     """The closing evaluation's rows on what the answers were, before -> after (answer_stats of each model): the
-    best constant answer's held-out score, the distinct answers and the most frequent one's share, the answers cut
-    at max_new_tokens."""
+    best constant answer's held-out score, the questions one of k sampled answers solves (pass@k), the distinct
+    answers and the most frequent one's share, the answers cut at max_new_tokens."""
     rows = []
     if "best_constant" in before and "best_constant" in after:
         rows.append(("eval", f"held-out score of the best constant answer, {decoding} ({models})",
                      f"{before['best_constant']['all']:.3f} -> {after['best_constant']['all']:.3f}"))
+    if "pass_at_k" in before and "pass_at_k" in after and after.get("k", 1) > 1:
+        rows.append(("eval", f"held-out questions solved by one of {after['k']} answers (pass@{after['k']}), "
+                             f"{decoding} ({models})",
+                     f"{before['pass_at_k']['all']:.3f} -> {after['pass_at_k']['all']:.3f}"))
     rows.append(("eval", f"distinct answers / top answer's share, {decoding} ({models})",
                  f"{before['distinct_answers']['all']} / {before['top_answer_share']['all']:.0%} -> "
                  f"{after['distinct_answers']['all']} / {after['top_answer_share']['all']:.0%}"))

@@ -122,9 +122,14 @@ def test_the_closing_evaluation_reports_the_best_constant_answer_and_what_the_an
                      "answer_stats": {"sampled": answer_stats(0.5, 0.9, " 12", 3, 0, {"add": 0.5}),
                                       "greedy": answer_stats(0.5, 0.4, " 12", 20, 1, {"add": 0.5})}},
     }
+    evaluation["baseline"]["answer_stats"]["sampled"].update(pass_at_k={"all": 0.55}, k=4)
+    evaluation["finetune"]["answer_stats"]["sampled"].update(pass_at_k={"all": 0.6}, k=4)
     lines = pipeline_report({}, {}, evaluation).splitlines()
     models = "base model -> final actor"
     assert f"| eval | held-out score of the best constant answer, sampled ({models}) | 0.250 -> 0.500 |" in lines
+    assert (f"| eval | held-out questions solved by one of 4 answers (pass@4), sampled ({models}) | 0.550 -> 0.600 |"
+            in lines)
+    assert not [line for line in lines if "pass@" in line and "greedy" in line]  # one answer: no pass@k row
     assert f"| eval | distinct answers / top answer's share, sampled ({models}) | 60 / 10% -> 3 / 90% |" in lines
     assert f"| eval | answers cut at max_new_tokens (16), greedy ({models}) | 3 -> 1 of 100 |" in lines
     table = skill_table(evaluation).splitlines()
