@@ -2,7 +2,6 @@
 command, the CPU (utils/runtime/provenance.py), the dtype, the commit and the load, and a plot of every paired ratio beside it (a
 PNG of the same name; not drawn, and the page says so, where matplotlib is not installed)."""
 import shlex
-import sys
 from pathlib import Path
 
 from utils.runtime.provenance import code_commit, cpu_name
