@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inference.evaluation import answer_stats, heldout_set, scores_as_a_constant  # noqa: E402
+from utils.runtime.tool_format import ToolFormat  # noqa: E402
 from scripts.seed_table import command_of, parse_table_args, provenance  # noqa: E402
 
 GOAL = 0.10
@@ -61,6 +62,10 @@ def _pass_at_k(folder, result):
     answers = result.get("answers", {}).get("sampled")
     if not spec or not answers:
         return None
+    if "--tools" in words:  # the answers kept are whole trajectories: the verifier reads their final answers
+        if any("tool_tags" in word or "tool-tags" in word for word in words):
+            return None  # tags of its own, which the command's words do not reliably give
+        answers = [ToolFormat().final_answer(answer) for answer in answers]
     prompts, checker = heldout_set([spec])
     prompts = prompts[:len(result["answers"]["greedy"])]
     stats = answer_stats(prompts, answers, checker)
