@@ -168,7 +168,7 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
     lines = ["| step | measure | value |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     if command:
         lines.insert(0, f"Measured by `{command}`:\n")
-    if evaluation:
+    if evaluation and skill_table(evaluation):
         lines += ["", skill_table(evaluation)]
     if figures_dir is not None:
         for figure in report_figures(stage_dirs, evaluation, figures_dir):
@@ -185,7 +185,10 @@ def skill_table(evaluation):
     """Held-out checker score per group (the built-in task's skills, a reasoning-gym spec's tasks), per model and
     decoding; then a "best constant" row, the best score one answer given to every question of a group earned
     (the best of answer_stats' over the models and decodings); then, under the table, a line for each model and
-    decoding that mostly gives one answer and scores no more than that answer (scores_as_a_constant)."""
+    decoding that mostly gives one answer and scores no more than that answer (scores_as_a_constant). "" when no
+    checker scored the answers (a reward model's scores are report rows)."""
+    if not any("all" in result.get(decoding, {}) for result in evaluation.values() for decoding in DECODINGS):
+        return ""
     names = {"baseline": "before (baseline)", "finetune": "after (fine-tuned)"}
     groups = {key: None for result in evaluation.values() for decoding in DECODINGS
               for key in result.get(decoding, {}) if key not in ("all", "reward", *TOOL_FIGURES)}

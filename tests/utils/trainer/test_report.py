@@ -164,3 +164,14 @@ def test_an_evaluation_with_tools_reports_the_score_without_and_the_tool_use(tmp
         in report
     assert "| eval | answers calling the tool, greedy (step-1 -> final actor) | 0.600 -> 1.000 |" in report
     assert "| actor | decoding | all | basic_arithmetic |" in report
+
+
+def test_without_a_checker_the_report_has_the_reward_rows_and_no_empty_score_table():
+    from utils.trainer.report import pipeline_report, skill_table
+
+    scored = {"sampled": {"reward": 1.2}, "greedy": {"reward": 1.3}}
+    evaluation = {"baseline": scored, "finetune": {"sampled": {"reward": 1.4}, "greedy": {"reward": 1.5}}}
+    assert skill_table(evaluation) == ""
+    lines = pipeline_report({}, {}, evaluation).splitlines()
+    assert "| eval | held-out reward-model score, greedy (base model -> final actor) | 1.300 -> 1.500 |" in lines
+    assert not [line for line in lines if line.startswith("| actor |")]
