@@ -441,12 +441,13 @@ def write_report(args, runs, wall_times, eval_command, evaluation_path):
                              figures_dir=args.output_dir)
     (Path(args.output_dir) / "report.md").write_text(report)
     print(f"---- report ({Path(args.output_dir) / 'report.md'})\n{report}", flush=True)
-    if evaluation and skill_table(evaluation):  # (a reward model's scores alone are report rows, not a table)
+    table = skill_table(evaluation) if evaluation else ""  # "" for a reward model's scores alone: report rows
+    if table:
         baseline, finetune = (eval_command[eval_command.index(flag) + 1] for flag in
                               ("--model_name_or_path_baseline", "--model_name_or_path_finetune"))
         add_evaluation(finetune, f"The held-out checker score of this model (after) and of `{baseline}` (before), "
                                  f"by train.py's closing evaluation (`prompt_eval.py {shlex.join(eval_command[2:])}`) "
-                                 f"at the end of `{command}`:\n\n{skill_table(evaluation)}")
+                                 f"at the end of `{command}`:\n\n{table}")
 
 
 if __name__ == "__main__":

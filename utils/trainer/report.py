@@ -168,8 +168,9 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
     lines = ["| step | measure | value |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     if command:
         lines.insert(0, f"Measured by `{command}`:\n")
-    if evaluation and skill_table(evaluation):
-        lines += ["", skill_table(evaluation)]
+    table = skill_table(evaluation) if evaluation else ""
+    if table:
+        lines += ["", table]
     if figures_dir is not None:
         for figure in report_figures(stage_dirs, evaluation, figures_dir):
             lines += ["", figure]
