@@ -205,8 +205,14 @@ def add_critic_free_args(parser):
         help="The end score (before normalisation and penalties) from which an answer counts as positive for "
              "--positive_nll_coef (1.0: a right answer for the built-in checker or a 0/1 verifier).")
     add("--filter_zero_variance", action="store_true",
-        help="Drop from the loss the groups whose answers all got the same score (DAPO's dynamic sampling); "
-             "their count is logged as zero_variance_groups.")
+        help="Drop the groups whose answers all got the same score before the forward passes of the update (DAPO's "
+             "dynamic sampling): they have nothing to teach a group-relative estimator. Their count is logged as "
+             "zero_variance_groups, the rollouts trained on as trained_rows.")
+    add("--max_generation_batches", type=int, default=0,
+        help="With --filter_zero_variance, a round draws more prompt batches until the groups it keeps fill "
+             "--generation_batches batches, at most this many in all (0: --generation_batches, no refill; verl's "
+             "max_num_gen_batches). Steps count the batches trained, so a round advances them by "
+             "--generation_batches whatever it drew.")
     add("--overlong_penalty", type=float, default=0.0,
         help="Subtracted in full from the score of an answer that fills --max_answer_seq_len, in part from one "
              "within --overlong_buffer tokens of it (DAPO's soft overlong punishment; 0: none).")
@@ -274,6 +280,9 @@ def check_rl_args(args):
                           f"--num_samples_per_prompt of at least 2, not {group}")
     if args.filter_zero_variance and group < 2:
         raise ConfigError("--filter_zero_variance needs --num_samples_per_prompt of at least 2 (groups to compare)")
+    if args.max_generation_batches < 0 or (args.max_generation_batches and not args.filter_zero_variance):
+        raise ConfigError(f"--max_generation_batches {args.max_generation_batches}: give a count of at least 0, "
+                          "with --filter_zero_variance (the batches a round may draw to replace dropped groups)")
     if args.critic_warmup_steps and not uses_critic(args):
         raise ConfigError(f"--critic_warmup_steps: --advantage_estimator {estimator} has no critic to warm up")
     longest = float("inf") if is_auto(args.max_answer_seq_len) else args.max_answer_seq_len

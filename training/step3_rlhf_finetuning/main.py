@@ -139,15 +139,15 @@ def main(argv=None):
     bar = progress(total=total_steps, initial=step, desc="ppo", unit="prompt batch")
     for epoch in position.epochs(args.num_train_epochs):
         for _, batch in position.batches(epoch):
-            if step >= total_steps or stop.stopped:
+            if step + args.generation_batches > total_steps or stop.stopped:  # no whole round left
                 break
             batch = to_device(batch, device)
             experiences.append(trainer.generate_experience(batch["prompt"], batch["prompt_att_mask"],
                                                            batch["prompt_text"]))
-            step += 1
-            bar.update(1)
-            if len(experiences) < args.generation_batches:
+            if not trainer.round_ready(experiences):
                 continue
+            step += args.generation_batches  # (with --filter_zero_variance a round may draw more batches)
+            bar.update(args.generation_batches)
             stats = trainer.train_round(experiences, unsup_batches, shuffler,
                                         train_actor=step > args.critic_warmup_steps * args.generation_batches)
             trainer.kl_controller.update(stats["kl"], rollouts * world_size * args.generation_batches)
@@ -200,8 +200,8 @@ def planned_optimizer_steps(args, total_steps):
     updates. The critic steps on every one; the actor skips the critic warm-up rounds and, with an unsupervised
     data set, takes a second (language-modelling) micro-step after each. DeepSpeed steps the optimizer once per
     --gradient_accumulation_steps micro-steps. A batch's rows are its prompts x --num_samples_per_prompt. (With
-    --filter_zero_variance a minibatch left without a token to learn from is skipped: the schedule then ends
-    short of its last steps.)"""
+    --filter_zero_variance a round short of rows, after --max_generation_batches, makes fewer: the schedule then
+    ends short of its last steps.)"""
     rounds = total_steps // args.generation_batches
     rows = args.per_device_generation_batch_size * args.num_samples_per_prompt
     updates_per_round = args.generation_batches * args.ppo_epochs * (rows // args.per_device_training_batch_size)

@@ -26,15 +26,50 @@ class Experience:
     positive: torch.Tensor | None = None  # (B,) bool: scored at least --positive_score_threshold; None unasked
     stats: dict = field(default_factory=dict)  # per-batch scalars for logging
 
-    def split(self, minibatch_size: int) -> list[Experience]:
-        """Minibatches of `minibatch_size` rows (the row count must divide); stats stay with each."""
-        rows = self.seq.shape[0]
-        if rows % minibatch_size:
-            raise ValueError(f"{rows} rows do not split into minibatches of {minibatch_size}")
-        return [dataclasses.replace(self, **{f.name: getattr(self, f.name)[start:start + minibatch_size]
-                                             for f in dataclasses.fields(self)
-                                             if torch.is_tensor(getattr(self, f.name))})
-                for start in range(0, rows, minibatch_size)]
+    @property
+    def rows(self) -> int:
+        return self.seq.shape[0]
+
+    def split(self, minibatch_size: int, ragged: bool = False) -> list[Experience]:
+        """Minibatches of `minibatch_size` rows; stats stay with each. The row count must divide, unless `ragged`:
+        then the last minibatch holds what is left."""
+        if self.rows % minibatch_size and not ragged:
+            raise ValueError(f"{self.rows} rows do not split into minibatches of {minibatch_size}")
+        return [self.select(slice(start, start + minibatch_size)) for start in range(0, self.rows, minibatch_size)]
+
+    def select(self, rows) -> Experience:
+        """The experience of `rows` only (a slice, indices or a (B,) bool mask); stats stay."""
+        return dataclasses.replace(self, **{name: tensor[rows] for name, tensor in self._tensors().items()})
+
+    def _tensors(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if torch.is_tensor(getattr(self, f.name))}
+
+
+PER_TOKEN = ("action_mask", "logprobs", "ref_logprobs", "advantages", "values", "returns")
+"""The (B, A) fields of an Experience."""
+
+
+def concat_experiences(experiences: list[Experience], pad_token_id: int) -> Experience:
+    """One experience of the rows of `experiences` (one round's prompt batches, each with its own prompt and
+    answer widths): prompts left-padded and answers right-padded to the widest, the padding out of the attention
+    mask and 0 in every per-token tensor (so out of every loss); the stats of the first."""
+    if len(experiences) == 1:
+        return experiences[0]
+    prompt_len = max(exp.prompt_len for exp in experiences)
+    answer_len = max(exp.seq.shape[1] - exp.prompt_len for exp in experiences)
+
+    def widen(exp):
+        left, right = prompt_len - exp.prompt_len, answer_len - (exp.seq.shape[1] - exp.prompt_len)
+        per_token = {name: torch.nn.functional.pad(getattr(exp, name), (0, right))
+                     for name in PER_TOKEN if getattr(exp, name) is not None}
+        return dataclasses.replace(exp, seq=torch.nn.functional.pad(exp.seq, (left, right), value=pad_token_id),
+                                   attention_mask=torch.nn.functional.pad(exp.attention_mask, (left, right)),
+                                   prompt_len=prompt_len, **per_token)
+
+    wide = [widen(exp) for exp in experiences]
+    return dataclasses.replace(wide[0], **{name: torch.cat([exp._tensors()[name] for exp in wide])
+                                           for name in wide[0]._tensors()})
 
 
 def answer_action_mask(answers: torch.Tensor, eos_token_id: int) -> torch.Tensor:

@@ -141,6 +141,15 @@ def all_reduce_sum(value):
     return value
 
 
+def all_reduce_min(value):
+    """Minimum of a tensor over all ranks, element by element (the tensor itself on a world of one)."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return value
+    value = value.detach().clone()
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+    return value
+
+
 def all_reduce_mean(value):
     """Mean of a scalar tensor over all ranks (the tensor itself on a world of one)."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:

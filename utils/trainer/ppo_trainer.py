@@ -26,14 +26,14 @@ from inference.tool_rollout import tool_rollout
 from utils.model.model_utils import answer_logprobs, causal_lm_loss, model_forward_kwargs
 from utils.model.reward_model import score_answers
 from utils.rl.estimators import ESTIMATORS
-from utils.rl.experience import Experience, answer_action_mask
+from utils.rl.experience import Experience, answer_action_mask, concat_experiences
 from utils.rl.kl import make_kl_controller
 from utils.rl.losses import kl_loss, positive_nll, value_loss
 from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import masked_mean
-from utils.runtime.dist import all_reduce_mean, all_reduce_sum, assert_finite, to_device
+from utils.runtime.dist import all_reduce_mean, all_reduce_min, all_reduce_sum, assert_finite, to_device
 from utils.runtime.errors import ConfigError
 from utils.runtime.tool_format import tool_use
 from utils.trainer.frozen import moving_average
@@ -123,41 +123,62 @@ class PPOTrainer:
         answers = seq[:, prompt_len:]
         lengths = action_mask.sum(1)
         has_eos = (answers == self.tokenizer.eos_token_id).any(1)
-        if self.critic is not None:
-            self.critic.eval()
         with torch.no_grad():
-            logprobs = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len)
-            ref_logprobs = self.answer_logprobs(self.ref, seq, attention_mask, prompt_len)
-            values = None
-            if self.critic is not None:
-                values = self.answer_values(self.critic.module, seq, attention_mask, prompt_len) * action_mask
             raw_scores, score_stats, base_rates = self.score(seq, attention_mask, action_mask, prompt_len,
                                                              prompt_texts)
-            scores = self.shape_scores(raw_scores - base_rates, action_mask, answers)
+        scores = self.shape_scores(raw_scores - base_rates, action_mask, answers)
+        stats = {"score": raw_scores.mean().item(), **score_stats, **tool_stats,
+                 "answer_length": lengths.float().mean().item(), "eos_fraction": has_eos.float().mean().item(),
+                 "empty_fraction": (answers[:, 0] == self.tokenizer.eos_token_id).float().mean().item()}
+        keep = torch.ones(seq.shape[0], dtype=torch.bool, device=seq.device)
+        if group > 1:
+            equal = self.equal_score_groups(scores)
+            stats["zero_variance_groups"] = float(equal.sum().item())
+            if args.filter_zero_variance:  # DAPO's dynamic sampling: such a group has nothing to teach
+                keep = (~equal).repeat_interleave(group)
+        logprobs, ref_logprobs, values = self.old_policy(seq, attention_mask, prompt_len, keep)
+        seq, attention_mask, action_mask = seq[keep], attention_mask[keep], action_mask[keep]
+        raw_scores, scores = raw_scores[keep], scores[keep]
+        if values is not None:
+            values = values * action_mask
+        with torch.no_grad():
             rewards, kl = compute_rewards(logprobs, ref_logprobs, scores, action_mask, self.reward_kl_coef(),
                                           args.kl_estimator, args.reward_clip)
-            equal = self.equal_score_groups(scores)
-            if args.filter_zero_variance:  # DAPO's dynamic sampling: such a group has nothing to teach
-                action_mask = action_mask * (~equal).repeat_interleave(group).unsqueeze(1).to(action_mask.dtype)
             advantages, returns = self.estimate_advantages(rewards, values, action_mask)
         positive = raw_scores >= args.positive_score_threshold if args.positive_nll_coef else None
         self.actor.train()
         if self.critic is not None:
             self.critic.train()
-        stats = {"score": raw_scores.mean().item(), **score_stats, **tool_stats,
-                 "reward": (rewards.sum(1)).mean().item(),
-                 "kl": kl.sum(1).mean().item(), "answer_length": lengths.float().mean().item(),
-                 "eos_fraction": has_eos.float().mean().item(),
-                 "empty_fraction": (answers[:, 0] == self.tokenizer.eos_token_id).float().mean().item()}
-        if group > 1:
-            stats["zero_variance_groups"] = float(equal.sum().item())
+        kept = seq.shape[0] > 0  # the mean reward and KL of the answers kept (0 when none is)
+        stats.update(reward=rewards.sum(1).mean().item() if kept else 0.0,
+                     kl=kl.sum(1).mean().item() if kept else 0.0)
         if positive is not None:
-            stats["positive_fraction"] = positive.float().mean().item()
+            stats["positive_fraction"] = positive.float().mean().item() if kept else 0.0
         return Experience(
             seq=seq, attention_mask=attention_mask, action_mask=action_mask, prompt_len=prompt_len,
             logprobs=logprobs, ref_logprobs=ref_logprobs, values=values, advantages=advantages, returns=returns,
             positive=positive,
             stats={**stats, "generate_time": generate_time, "generated_tokens": int(lengths.sum().item())})
+
+    def old_policy(self, seq, attention_mask, prompt_len, keep):
+        """(logprobs, ref_logprobs, values) of the rows `keep` marks, (B', A) each (values None without a critic),
+        from the actor, reference and critic before the update. The rows dropped by --filter_zero_variance cost
+        no forward pass, except under ZeRO-3 over several processes, whose forward passes must stay in step:
+        there every row runs and the kept ones are picked after."""
+        runs = torch.ones_like(keep) if self.zero3_generation else keep
+        seq, attention_mask, picked = seq[runs], attention_mask[runs], keep[runs]
+        if seq.shape[0] == 0:  # nothing kept on this process (a forward pass takes no empty batch)
+            empty = seq.new_zeros((0, seq.shape[1] - prompt_len), dtype=torch.float32)
+            return empty, empty.clone(), None if self.critic is None else empty.clone()
+        if self.critic is not None:
+            self.critic.eval()
+        with torch.no_grad():
+            logprobs = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len)[picked]
+            ref_logprobs = self.answer_logprobs(self.ref, seq, attention_mask, prompt_len)[picked]
+            values = None
+            if self.critic is not None:
+                values = self.answer_values(self.critic.module, seq, attention_mask, prompt_len)[picked]
+        return logprobs, ref_logprobs, values
 
     def generate_with_tools(self, prompts, prompt_mask):
         """Multi-turn rollouts with --tools (inference/tool_rollout.py): a ToolRollout whose answers hold at most
@@ -247,18 +268,11 @@ class PPOTrainer:
     # ---- update -----------------------------------------------------------------------------------------------
 
     def train_rlhf(self, minibatch, train_actor=True):
-        """One clipped-PPO step of the actor (unless still warming up the critic) and, with GAE, of the critic.
-        With --filter_zero_variance a minibatch left without a real token on every rank is skipped: an optimizer
-        step on a zero gradient would still move the weights (Adam's momentum)."""
+        """One clipped-PPO step of the actor (unless still warming up the critic) and, with GAE, of the critic."""
         args = self.args
         seq, attention_mask, action_mask = minibatch.seq, minibatch.attention_mask, minibatch.action_mask
         prompt_len = minibatch.prompt_len
         stats = {}
-        if args.filter_zero_variance:
-            skip = all_reduce_sum(action_mask.sum()).item() == 0
-            stats["skipped_minibatches"] = float(skip)
-            if skip:
-                return stats
         if train_actor:
             logprobs, entropy = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len, with_entropy=True)
             actor_loss, actor_stats = self.actor_loss(logprobs, minibatch, action_mask)
@@ -296,11 +310,43 @@ class PPOTrainer:
             stats["positive_nll"] = nll.item()
         return loss, stats
 
+    def round_rows(self):
+        """The rows a round trains on: --generation_batches prompt batches' rollouts."""
+        args = self.args
+        return args.generation_batches * args.per_device_generation_batch_size * args.num_samples_per_prompt
+
+    def round_ready(self, experiences):
+        """Whether the prompt batches drawn make a whole round: --generation_batches of them; with
+        --filter_zero_variance, as many as it takes for every process to keep a round's rows (`round_rows`) of
+        groups that teach something, up to --max_generation_batches (DAPO's dynamic sampling: verl's
+        max_num_gen_batches)."""
+        args = self.args
+        if not args.filter_zero_variance:
+            return len(experiences) >= args.generation_batches
+        if len(experiences) >= max(args.max_generation_batches, args.generation_batches):
+            return True
+        fewest = all_reduce_min(torch.tensor(sum(exp.rows for exp in experiences)))
+        return fewest.item() >= self.round_rows()
+
+    def round_minibatches(self, experiences):
+        """The round's training minibatches of --per_device_training_batch_size rows. With --filter_zero_variance
+        the groups kept from every prompt batch drawn make one experience, cut to `round_rows` and to the rows the
+        process with the fewest has (so every process makes the same optimizer steps); a short round's last
+        minibatch is smaller."""
+        args = self.args
+        size = args.per_device_training_batch_size
+        if not args.filter_zero_variance:
+            return [mb for exp in experiences for mb in exp.split(size)]
+        merged = concat_experiences(experiences, self.tokenizer.pad_token_id)
+        rows = min(self.round_rows(), int(all_reduce_min(torch.tensor(merged.rows)).item()))
+        return merged.select(slice(0, rows)).split(size, ragged=True) if rows else []
+
     def train_round(self, experiences, unsup_batches, shuffler, train_actor):
         """ppo_epochs passes over the minibatches of this round's experience (each followed, with an unsupervised
-        data set, by a language-modelling step, and by the EMA update); the round's mean statistics."""
+        data set, by a language-modelling step, and by the EMA update); the round's mean statistics, with
+        `trained_rows` (the rollouts trained on)."""
         args = self.args
-        minibatches = [mb for exp in experiences for mb in exp.split(args.per_device_training_batch_size)]
+        minibatches = self.round_minibatches(experiences)
         train_start = time.perf_counter()
         step_stats = []
         for _ in range(args.ppo_epochs):
@@ -320,6 +366,7 @@ class PPOTrainer:
         generate_time = sum(exp.stats["generate_time"] for exp in experiences)
         round_stats["tokens_per_s"] = sum(exp.stats["generated_tokens"] for exp in experiences) / generate_time
         round_stats["generate_time"], round_stats["train_time"] = generate_time, train_time
+        round_stats["trained_rows"] = sum(minibatch.rows for minibatch in minibatches)
         round_stats.update(peak_memory())  # on CUDA
         del round_stats["generated_tokens"]
         # Every rank reports the same numbers: the mean over ranks.

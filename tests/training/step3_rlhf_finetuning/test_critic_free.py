@@ -1,9 +1,10 @@
 """Step 3 without a critic, on real DeepSpeed engines in this process (a world of one): GRPO, RLOO and REINFORCE++
 experience on answers scored by the built-in task's checker (made-up answers, so every score and advantage is
-known), no critic and no reward model created when none is asked for, groups of equal scores dropped and a
-minibatch left empty not stepped, the KL and the NLL of well-scored answers as loss terms, the reward model and a
+known), no critic and no reward model created when none is asked for, groups of equal scores dropped before
+the forward passes and a round refilled from more prompt batches (dynamic sampling), the KL and the NLL of well-scored answers as loss terms, the reward model and a
 reward function combined by weight, and the held-out evaluation."""
 import copy
+import dataclasses
 import gc
 import random
 
@@ -181,23 +182,78 @@ def test_reinforce_pp_whitens_the_returns_over_the_batch(engine, tiny_tokenizer)
     assert abs(real.mean().item()) < 1e-5 and real.std().item() == pytest.approx(1.0, abs=1e-4)
 
 
-def test_filter_zero_variance_drops_equal_groups_and_skips_an_empty_minibatch(engine, tiny_tokenizer):
+def test_filter_zero_variance_drops_equal_groups_before_the_forward_passes(engine, tiny_tokenizer):
     prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
     trainer = make_trainer(engine, filter_zero_variance=True, use_kl_loss=True)
     fake_answers(trainer, tiny_tokenizer)
+    forward_rows = []
+    answer_logprobs = trainer.answer_logprobs
+    trainer.answer_logprobs = lambda model, seq, *rest, **kw: (forward_rows.append(seq.shape[0]),
+                                                               answer_logprobs(model, seq, *rest, **kw))[1]
     exp = trainer.generate_experience(prompts, prompt_mask, texts)
-    assert exp.stats["zero_variance_groups"] == 1
-    assert exp.action_mask[:GROUP].sum(1).min() > 0 and (exp.action_mask[GROUP:] == 0).all()
-    assert (exp.attention_mask[GROUP:, exp.prompt_len:].sum(1) > 0).all()  # still attended to, just not trained
+    assert exp.stats["zero_variance_groups"] == 1 and exp.rows == GROUP  # the CAT group (all exact) is gone
+    assert forward_rows == [GROUP, GROUP]  # the actor's and the reference's pass ran on the kept rows only
+    kept = trainer.tokenizer.batch_decode(exp.seq[:, exp.prompt_len:], skip_special_tokens=True)
+    assert [answer.strip() for answer in kept] == ["19", "18", "5", "19"]
+    assert exp.stats["score"] == pytest.approx(sum(SCORES) / len(SCORES))  # the score: every answer sampled
+    full = make_trainer(engine, use_kl_loss=True)
+    fake_answers(full, tiny_tokenizer)
+    whole = full.generate_experience(prompts, prompt_mask, texts)
+    torch.testing.assert_close(exp.advantages, whole.advantages[:GROUP])
+    torch.testing.assert_close(exp.logprobs, whole.logprobs[:GROUP])
     before = params(engine.actor.module)
-    first, second = exp.split(GROUP)
-    assert trainer.train_rlhf(second) == {"skipped_minibatches": 1.0}  # the CAT group alone: nothing to learn
-    assert not changed(before, engine.actor.module)
-    stats = trainer.train_rlhf(first)
-    assert stats["skipped_minibatches"] == 0.0 and "actor_loss" in stats and "kl_loss" in stats
+    stats = trainer.train_round([exp], None, random.Random(0), train_actor=True)
+    assert stats["trained_rows"] == GROUP and "actor_loss" in stats and "kl_loss" in stats
     assert changed(before, engine.actor.module)
-    round_stats = trainer.train_round([exp], None, random.Random(0), train_actor=True)
-    assert round_stats["skipped_minibatches"] == 0.5 and "actor_loss" in round_stats
+
+
+def test_a_round_with_every_group_dropped_trains_nothing(engine, tiny_tokenizer):
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, filter_zero_variance=True)
+    fake_answers(trainer, tiny_tokenizer, [" 19"] * GROUP + [" CAT"] * GROUP)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    assert exp.rows == 0 and exp.stats["zero_variance_groups"] == 2 and exp.stats["kl"] == 0.0
+    before = params(engine.actor.module)
+    stats = trainer.train_round([exp], None, random.Random(0), train_actor=True)
+    assert stats["trained_rows"] == 0 and "actor_loss" not in stats
+    assert not changed(before, engine.actor.module)
+
+
+def test_dynamic_sampling_draws_batches_until_a_round_is_full(engine, tiny_tokenizer):
+    """--max_generation_batches: a round goes on until its kept groups fill --generation_batches batches (2
+    prompts x 4 answers = 8 rows), at most that many batches; the surplus is cut and the rows of batches with
+    different prompt and answer widths make one experience whose log-probs are the originals'."""
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, filter_zero_variance=True, max_generation_batches=3)
+    batches = []
+    for answers in (ANSWERS, [" 19"] * GROUP + [" CAT", " cat", " CAT", " Cat"], ANSWERS):
+        fake_answers(trainer, tiny_tokenizer, answers)
+        batches.append(trainer.generate_experience(prompts, prompt_mask, texts))
+    # The second batch: longer prompts (one more column of left padding) and its answers 3 columns wider.
+    second = batches[1]
+    batches[1] = dataclasses.replace(
+        second, seq=torch.nn.functional.pad(second.seq, (1, 3), value=tiny_tokenizer.pad_token_id),
+        attention_mask=torch.nn.functional.pad(second.attention_mask, (1, 3)), prompt_len=second.prompt_len + 1,
+        **{name: torch.nn.functional.pad(getattr(second, name), (0, 3))
+           for name in ("action_mask", "logprobs", "ref_logprobs", "advantages")})
+    assert [exp.rows for exp in batches] == [GROUP, GROUP, GROUP]
+    assert not trainer.round_ready(batches[:1]) and trainer.round_ready(batches[:2])
+    empty = batches[1].select(slice(0, 0))
+    assert trainer.round_ready([empty] * 3) and not trainer.round_ready([empty] * 2)  # 3: the most it may draw
+    minibatches = trainer.round_minibatches(batches)
+    assert [mb.rows for mb in minibatches] == [4, 4]  # 8 of the 12 rows kept: the round's rows
+    merged = minibatches[0]
+    for mb, exp in zip(minibatches, batches):
+        mask = mb.action_mask > 0
+        assert mask.sum() == (exp.action_mask > 0).sum()
+        logprobs = trainer.answer_logprobs(engine.actor, mb.seq, mb.attention_mask, mb.prompt_len)
+        torch.testing.assert_close(logprobs[mask], exp.logprobs[exp.action_mask > 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(mb.advantages[mask], exp.advantages[exp.action_mask > 0])
+    assert merged.prompt_len == batches[1].prompt_len
+    short = trainer.round_minibatches([batches[0], batches[1].select(slice(0, 0))])
+    assert [mb.rows for mb in short] == [4]
+    trainer.args.per_device_training_batch_size = 3
+    assert [mb.rows for mb in trainer.round_minibatches(batches)] == [3, 3, 2]  # the last one short
 
 
 def test_reward_model_and_reward_function_combined_by_weight(distributed, step3_model_dirs, tiny_tokenizer):
