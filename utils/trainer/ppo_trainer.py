@@ -344,7 +344,7 @@ class PPOTrainer:
     def train_round(self, experiences, unsup_batches, shuffler, train_actor):
         """ppo_epochs passes over the minibatches of this round's experience (each followed, with an unsupervised
         data set, by a language-modelling step, and by the EMA update); the round's mean statistics, with
-        `trained_rows` (the rollouts trained on)."""
+        `trained_rows` (the rollouts trained on) and `drawn_batches` (the prompt batches sampled for them)."""
         args = self.args
         minibatches = self.round_minibatches(experiences)
         train_start = time.perf_counter()
@@ -367,6 +367,7 @@ class PPOTrainer:
         round_stats["tokens_per_s"] = sum(exp.stats["generated_tokens"] for exp in experiences) / generate_time
         round_stats["generate_time"], round_stats["train_time"] = generate_time, train_time
         round_stats["trained_rows"] = sum(minibatch.rows for minibatch in minibatches)
+        round_stats["drawn_batches"] = len(experiences)
         round_stats.update(peak_memory())  # on CUDA
         del round_stats["generated_tokens"]
         # Every rank reports the same numbers: the mean over ranks.

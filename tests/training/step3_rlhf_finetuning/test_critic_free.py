@@ -203,7 +203,8 @@ def test_filter_zero_variance_drops_equal_groups_before_the_forward_passes(engin
     torch.testing.assert_close(exp.logprobs, whole.logprobs[:GROUP])
     before = params(engine.actor.module)
     stats = trainer.train_round([exp], None, random.Random(0), train_actor=True)
-    assert stats["trained_rows"] == GROUP and "actor_loss" in stats and "kl_loss" in stats
+    assert stats["trained_rows"] == GROUP and stats["drawn_batches"] == 1
+    assert "actor_loss" in stats and "kl_loss" in stats
     assert changed(before, engine.actor.module)
 
 
@@ -252,6 +253,8 @@ def test_dynamic_sampling_draws_batches_until_a_round_is_full(engine, tiny_token
     assert merged.prompt_len == batches[1].prompt_len
     short = trainer.round_minibatches([batches[0], batches[1].select(slice(0, 0))])
     assert [mb.rows for mb in short] == [4]
+    stats = trainer.train_round(batches, None, random.Random(0), train_actor=True)
+    assert stats["trained_rows"] == 8 and stats["drawn_batches"] == 3
     trainer.args.per_device_training_batch_size = 3
     assert [mb.rows for mb in trainer.round_minibatches(batches)] == [3, 3, 2]  # the last one short
 
