@@ -141,12 +141,17 @@ def test_single_node_two_processes_zero2_grpo_with_a_reward_function(step3_model
 
 
 @pytest.mark.e2e
-def test_single_node_two_processes_zero3_lora_reinforce_pp(step3_model_dirs, tmp_path):
+def test_single_node_two_processes_zero3_lora_reinforce_pp_dynamic_sampling(step3_model_dirs, tmp_path):
+    """Dynamic sampling over two ZeRO-3 processes: every row's forward pass runs on both (they gather the weights
+    together), the rows kept may differ, and each round trains the rows the process with the fewest has."""
     out = tmp_path / "out"
     result = run_step3("single_node", (step3_model_dirs[0], ""), 3, 3, out, "--advantage_estimator", "reinforce_pp",
                        "--reward_fn", length_reward(tmp_path), "--actor_lora_dim", "8", "--only_optimize_lora",
-                       "--eval_interval", "2", "--eval_prompts", "4")
+                       "--eval_interval", "2", "--eval_prompts", "4", "--num_samples_per_prompt", "2",
+                       "--filter_zero_variance", "--max_generation_batches", "3")
     assert "actor: DeepSpeedEngine, ZeRO-3" in result.stdout
+    drawn = [float(value) for value in re.findall(r"drawn_batches=([0-9.]+)", result.stdout)]
+    assert drawn and all(1 <= value <= 3 for value in drawn)
     check_critic_free_outputs(out, step3_model_dirs[0])
 
 
