@@ -134,19 +134,19 @@ def to_device(batch, device):
 
 def all_reduce_sum(value):
     """Sum of a tensor over all ranks, element by element (the tensor itself on a world of one)."""
-    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
-        return value
-    value = value.detach().clone()
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.SUM)
-    return value
+    return _all_reduce(value, torch.distributed.ReduceOp.SUM)
 
 
 def all_reduce_min(value):
     """Minimum of a tensor over all ranks, element by element (the tensor itself on a world of one)."""
+    return _all_reduce(value, torch.distributed.ReduceOp.MIN)
+
+
+def _all_reduce(value, op):
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return value
     value = value.detach().clone()
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+    torch.distributed.all_reduce(value, op=op)
     return value
 
 
