@@ -325,7 +325,7 @@ class PPOTrainer:
             return len(experiences) >= args.generation_batches
         if len(experiences) >= max(args.max_generation_batches, args.generation_batches):
             return True
-        fewest = all_reduce_min(torch.tensor(sum(exp.rows for exp in experiences)))
+        fewest = all_reduce_min(torch.tensor(sum(exp.rows for exp in experiences), device=self.actor.device))
         return fewest.item() >= self.round_rows()
 
     def round_minibatches(self, experiences):
@@ -338,7 +338,7 @@ class PPOTrainer:
         if not args.filter_zero_variance:
             return [mb for exp in experiences for mb in exp.split(size)]
         merged = concat_experiences(experiences, self.tokenizer.pad_token_id)
-        rows = min(self.round_rows(), int(all_reduce_min(torch.tensor(merged.rows)).item()))
+        rows = min(self.round_rows(), int(all_reduce_min(torch.tensor(merged.rows, device=self.actor.device)).item()))
         return merged.select(slice(0, rows)).split(size, ragged=True) if rows else []
 
     def train_round(self, experiences, unsup_batches, shuffler, train_actor):
@@ -370,8 +370,10 @@ class PPOTrainer:
         round_stats["drawn_batches"] = len(experiences)
         round_stats.update(peak_memory())  # on CUDA
         del round_stats["generated_tokens"]
-        # Every rank reports the same numbers: the mean over ranks.
-        return {key: all_reduce_mean(torch.tensor(float(value))).item() for key, value in round_stats.items()}
+        # Every rank reports the same numbers: the mean over ranks (a tensor on the device: NCCL reduces no other).
+        device = self.actor.device
+        return {key: all_reduce_mean(torch.tensor(float(value), device=device)).item()
+                for key, value in round_stats.items()}
 
     def train_unsupervised(self, batch, unsup_coef):
         """One step of the pretraining (language-modelling) loss on the actor, scaled by unsup_coef."""
