@@ -592,6 +592,7 @@ def test_smollm2_on_reasoning_gym_data_takes_its_data_recipe_in_every_stage_and_
     rl = stage_commands["rl"]
     assert flag(rl, "--max_answer_seq_len") == flag(rl, "--max_prompt_seq_len") == "auto"
     assert int(flag(rl, "--num_samples_per_prompt")) > 1 and int(flag(rl, "--eval_interval")) > 0
+    assert "--filter_zero_variance" in rl and int(flag(rl, "--max_generation_batches")) > 1  # dynamic sampling
     assert flag(evaluation, "--max_new_tokens") == "auto" and flag(evaluation, "--data_path") == spec
     plain, _ = commands("--actor-model", "smollm2-135m")  # the built-in task: the model's recipe alone
     assert flag(plain["sft"], "--max_seq_len") == "64"
