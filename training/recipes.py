@@ -103,7 +103,8 @@ DATA_RECIPES = {
     # SmolLM2 on reasoning-gym tasks: lengths `auto`; a step 1 that trains until its eval loss stops improving
     # (three evaluations 10 steps apart without a new best) or 6 minutes are spent; GRPO on 8 answers a prompt
     # for 10 minutes (or 200 rounds; docs/smollm2.md), each round 4 prompts whose answers' scores differ, drawn
-    # from up to 4 batches (dynamic sampling: a syllogism actor stops answering "Yes" to all; docs/panel.md).
+    # from up to 4 batches (dynamic sampling: a syllogism actor stops answering "Yes" to all; docs/panel.md),
+    # stopping once 5 rounds in a row found none (the actor answers alike: nothing left to learn).
     ("smollm2-135m", "reasoning_gym"): {
         1: ["--max_seq_len", "auto", "--max_steps", "300", "--num_train_epochs", "100", "--num_warmup_steps", "2",
             "--print_interval", "10", "--eval_interval", "10", "--eval_iters", "4", "--early_stopping_patience", "3",
@@ -114,7 +115,7 @@ DATA_RECIPES = {
                  "--per_device_training_batch_size", "16", "--ppo_epochs", "1", "--kl_coef", "0",
                  "--actor_lora_learning_rate", "5e-4", "--max_steps", "200", "--print_interval", "1",
                  "--eval_interval", "20", "--eval_prompts", "50", "--filter_zero_variance",
-                 "--max_generation_batches", "4"],
+                 "--max_generation_batches", "4", "--stop_after_idle_rounds", "5"],
         "eval": ["--num_prompts", "100", "--samples_per_prompt", "4", "--max_new_tokens", "auto"],
     },
     # SmolLM2 on the user's own data (dialogues, hub data sets): every length from the data (its 95th percentile; a

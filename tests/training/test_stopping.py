@@ -62,6 +62,22 @@ def test_the_time_budget_counts_the_minutes_of_a_resumed_run(monkeypatch):
                                                                                                  "2 is spent"}
 
 
+def test_idle_rounds_count_rounds_in_a_row_that_trained_nothing():
+    rule = StopRule(idle_rounds=3)
+    for step, trained_rows in enumerate((0, 0, 32, 0, 0), start=1):
+        rule.observe_round(trained_rows)
+        assert rule.reason(step) is None
+    resumed = StopRule(idle_rounds=3, state=rule.state_dict())  # the count travels in checkpoints
+    resumed.observe_round(0)
+    assert resumed.reason(6) == ("stopped at step 6: 3 rounds in a row found no group whose answers' scores differ: "
+                                 "every prompt is answered alike, nothing is left to train on "
+                                 "(--stop_after_idle_rounds 3)")
+    never = StopRule()
+    for _ in range(5):
+        never.observe_round(0)
+    assert never.reason(5) is None
+
+
 def test_the_report_says_where_and_why_a_step_stopped():
     metrics = {"total_steps": 40, "stopped": {"step": 6, "reason": "--max_train_minutes 1 is spent"}}
     assert data_rows("1 SFT", metrics) == [("1 SFT", "optimizer steps, stopped early",
@@ -118,3 +134,25 @@ def test_step3_time_budget_ends_after_one_round_with_its_evaluation(step3_model_
     assert metrics["stopped"]["step"] == 1 and metrics["actor_optimizer_steps"] >= 1
     assert "heldout_sampled_end" in metrics  # the closing evaluation of the held-out prompts still runs
     assert (out / "actor" / "model.safetensors").is_file()
+
+
+def test_step3_stops_when_no_round_finds_answers_that_score_differently(step3_model_dirs, tmp_path):
+    """A reward function that scores every answer 1: every group is dropped (dynamic sampling), no round trains,
+    and after two such rounds the run stops, says why and saves the actor it started from."""
+    from safetensors.torch import load_file
+
+    actor_dir = step3_model_dirs[0]
+    reward_file = tmp_path / "constant_reward.py"
+    reward_file.write_text("def score(prompts, answers):\n    return [1.0 for answer in answers]\n")
+    out = tmp_path / "out"
+    log = run([sys.executable, str(STEP3), "--actor_model_name_or_path", str(actor_dir), "--advantage_estimator",
+               "grpo", "--reward_fn", f"{reward_file}:score", "--data_split", "1000,1000,5",
+               "--per_device_generation_batch_size", "2", "--num_samples_per_prompt", "2",
+               "--per_device_training_batch_size", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8",
+               "--max_steps", "10", "--filter_zero_variance", "--max_generation_batches", "2",
+               "--stop_after_idle_rounds", "2", "--output_dir", str(out), "--data_output_path", str(tmp_path / "data")])
+    assert "stopped at step 2: 2 rounds in a row found no group whose answers' scores differ" in log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["stopped"]["step"] == 2 and metrics["actor_optimizer_steps"] == 0
+    start, saved = load_file(actor_dir / "model.safetensors"), load_file(out / "actor" / "model.safetensors")
+    assert all((saved[name] == start[name]).all() for name in start)  # nothing trained

@@ -213,6 +213,9 @@ def add_critic_free_args(parser):
              "--generation_batches batches, at most this many in all (0: --generation_batches, no refill; verl's "
              "max_num_gen_batches). Steps count the batches trained, so a round advances them by "
              "--generation_batches whatever it drew.")
+    add("--stop_after_idle_rounds", type=int, default=0,
+        help="With --filter_zero_variance, stop when this many rounds in a row found no group whose answers' scores "
+             "differ (every prompt answered alike, right or wrong: nothing left to train on; 0: never).")
     add("--overlong_penalty", type=float, default=0.0,
         help="Subtracted in full from the score of an answer that fills --max_answer_seq_len, in part from one "
              "within --overlong_buffer tokens of it (DAPO's soft overlong punishment; 0: none).")
@@ -283,6 +286,9 @@ def check_rl_args(args):
     if args.max_generation_batches < 0 or (args.max_generation_batches and not args.filter_zero_variance):
         raise ConfigError(f"--max_generation_batches {args.max_generation_batches}: give a count of at least 0, "
                           "with --filter_zero_variance (the batches a round may draw to replace dropped groups)")
+    if args.stop_after_idle_rounds < 0 or (args.stop_after_idle_rounds and not args.filter_zero_variance):
+        raise ConfigError(f"--stop_after_idle_rounds {args.stop_after_idle_rounds}: give a count of at least 0, "
+                          "with --filter_zero_variance (a round is idle when every group it drew was dropped)")
     if args.critic_warmup_steps and not uses_critic(args):
         raise ConfigError(f"--critic_warmup_steps: --advantage_estimator {estimator} has no critic to warm up")
     longest = float("inf") if is_auto(args.max_answer_seq_len) else args.max_answer_seq_len

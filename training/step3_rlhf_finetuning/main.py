@@ -161,7 +161,8 @@ def main(argv=None):
             if args.print_answers and step % args.print_answers_interval == 0:
                 print_sample(experiences[0], tokenizer)
             experiences = []
-            reason = stop.reason(step, total_steps)  # --max_train_minutes
+            stop.observe_round(stats["trained_rows"])
+            reason = stop.reason(step, total_steps)  # --max_train_minutes, --stop_after_idle_rounds
             if eval_prompts and (step % args.eval_interval == 0 or step == total_steps or reason):
                 evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
             checkpointer.save_if_due(step, step if reason else total_steps, {

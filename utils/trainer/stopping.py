@@ -1,6 +1,8 @@
 """When a step stops before its step budget: --early_stopping_patience N (its eval loss has not improved for N
-evaluations in a row, as transformers' EarlyStoppingCallback) and --max_train_minutes M (a time budget on its
-training loop, so that a recipe's step counts adapt to the task and to the machine). Checked at the end of an
+evaluations in a row, as transformers' EarlyStoppingCallback), --max_train_minutes M (a time budget on its
+training loop, so that a recipe's step counts adapt to the task and to the machine) and, in step 3 with dynamic
+sampling, --stop_after_idle_rounds R (R rounds in a row found no group whose answers' scores differ: the policy
+answers every prompt alike, right or wrong, and a group-relative estimator has nothing left to train on). Checked at the end of an
 optimizer step (step 3: a PPO round); the state travels in checkpoints, so a resumed run stops where the
 uninterrupted one would have by the first rule, and counts the minutes trained before the interruption in the
 second."""
@@ -16,9 +18,11 @@ class StopRule:
     to go on or the one line that says why training stops now. Every process reaches the same answer (the eval loss is already
     averaged over them; the clock is the slowest process's)."""
 
-    def __init__(self, patience=0, max_minutes=0.0, metric="loss", state=None, device="cpu"):
+    def __init__(self, patience=0, max_minutes=0.0, metric="loss", state=None, device="cpu", idle_rounds=0):
         self.patience, self.max_minutes, self.metric, self.device = patience, max_minutes, metric, device
+        self.idle_patience = idle_rounds
         state = state or {}
+        self.idle_rounds = state.get("idle_rounds", 0)
         self.best = state.get("best")
         self.best_step = state.get("best_step")
         self.bad_evaluations = state.get("bad_evaluations", 0)
@@ -35,6 +39,10 @@ class StopRule:
         else:
             self.bad_evaluations += 1
 
+    def observe_round(self, trained_rows):
+        """After each step-3 round: the rollouts it trained on (0: every group's answers scored alike)."""
+        self.idle_rounds = self.idle_rounds + 1 if trained_rows == 0 else 0
+
     def trained_s(self):
         return self.trained_before + time.monotonic() - self.started
 
@@ -46,6 +54,9 @@ class StopRule:
         if self.patience and self.bad_evaluations >= self.patience:
             why = (f"the eval {self.metric} has not improved for {self.bad_evaluations} evaluations "
                    f"(best {self.best:.4f} at step {self.best_step}; --early_stopping_patience {self.patience})")
+        elif self.idle_patience and self.idle_rounds >= self.idle_patience:
+            why = (f"{self.idle_rounds} rounds in a row found no group whose answers' scores differ: every prompt "
+                   f"is answered alike, nothing is left to train on (--stop_after_idle_rounds {self.idle_patience})")
         elif self.max_minutes and self._out_of_time():
             why = f"--max_train_minutes {self.max_minutes:g} is spent"
         else:
@@ -61,7 +72,7 @@ class StopRule:
 
     def state_dict(self):
         return {"best": self.best, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations,
-                "trained_s": self.trained_s(), "stopped": self.stopped}
+                "idle_rounds": self.idle_rounds, "trained_s": self.trained_s(), "stopped": self.stopped}
 
     def metrics(self):
         """What metrics.json keeps of it: {"stopped": {"step", "reason"}} when the rule stopped the run."""
@@ -69,5 +80,7 @@ class StopRule:
 
 
 def stop_rule_from_args(args, device, state=None):
-    """The rule of a step's flags (a step without --early_stopping_patience has only the time budget)."""
-    return StopRule(getattr(args, "early_stopping_patience", 0), args.max_train_minutes, state=state, device=device)
+    """The rule of a step's flags (a step without --early_stopping_patience has only the time budget; only step 3
+    has --stop_after_idle_rounds)."""
+    return StopRule(getattr(args, "early_stopping_patience", 0), args.max_train_minutes, state=state, device=device,
+                    idle_rounds=getattr(args, "stop_after_idle_rounds", 0))
