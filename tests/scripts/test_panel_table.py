@@ -64,3 +64,14 @@ def test_pass_at_k_is_the_runs_or_recomputed_from_its_answers_with_the_specs_ver
     (tmp_path / "sum-1" / "report.md").write_text(
         f"Measured by `python train.py --data-path '{spec}' --algorithm grpo`:\n\n| all | wall time | 60 s |\n")
     assert "| 0.500 -> 0.750 |" in table([tmp_path / "sum-1"], "Panel")
+
+
+def test_a_gain_of_exactly_the_goal_meets_it(tmp_path):
+    """0.77 - 0.67 is 0.09999999999999998 in floating point: a gain of +0.10 in hundredths still meets +0.10."""
+    write_run(tmp_path / "syllogism-2", {"sampled": {"all": 0.30}, "greedy": {"all": 0.30}},
+              {"sampled": stats(0.1, 2, 0.8), "greedy": stats(0.1, 2, 0.8)})
+    evaluation = json.loads((tmp_path / "syllogism-2" / "evaluation.json").read_text())
+    evaluation["baseline"]["greedy"]["all"], evaluation["finetune"]["greedy"]["all"] = 0.67, 0.77
+    (tmp_path / "syllogism-2" / "evaluation.json").write_text(json.dumps(evaluation))
+    text = table([tmp_path / "syllogism-2"], "Panel")
+    assert "0.670 -> 0.770 (+0.100)" in text and "met in 1 of 1 runs (100%)" in text
