@@ -283,12 +283,12 @@ def check_rl_args(args):
                           f"--num_samples_per_prompt of at least 2, not {group}")
     if args.filter_zero_variance and group < 2:
         raise ConfigError("--filter_zero_variance needs --num_samples_per_prompt of at least 2 (groups to compare)")
-    if args.max_generation_batches < 0 or (args.max_generation_batches and not args.filter_zero_variance):
-        raise ConfigError(f"--max_generation_batches {args.max_generation_batches}: give a count of at least 0, "
-                          "with --filter_zero_variance (the batches a round may draw to replace dropped groups)")
-    if args.stop_after_idle_rounds < 0 or (args.stop_after_idle_rounds and not args.filter_zero_variance):
-        raise ConfigError(f"--stop_after_idle_rounds {args.stop_after_idle_rounds}: give a count of at least 0, "
-                          "with --filter_zero_variance (a round is idle when every group it drew was dropped)")
+    if args.max_generation_batches and not args.filter_zero_variance:
+        raise ConfigError(f"--max_generation_batches {args.max_generation_batches} needs --filter_zero_variance "
+                          "(the batches a round may draw to replace the groups it drops)")
+    if args.stop_after_idle_rounds and not args.filter_zero_variance:
+        raise ConfigError(f"--stop_after_idle_rounds {args.stop_after_idle_rounds} needs --filter_zero_variance "
+                          "(a round is idle when every group it drew was dropped)")
     if args.critic_warmup_steps and not uses_critic(args):
         raise ConfigError(f"--critic_warmup_steps: --advantage_estimator {estimator} has no critic to warm up")
     longest = float("inf") if is_auto(args.max_answer_seq_len) else args.max_answer_seq_len
