@@ -118,17 +118,23 @@ def test_step1_time_budget_stops_and_a_resumed_run_trains_no_further(tmp_path):
     assert (out / "model.safetensors").read_bytes() == weights
 
 
+def run_step3_grpo(actor_dir, tmp_path, score_body, *flags):
+    """Step 3's GRPO (groups of two, at most 10 prompt batches) with the reward function `def score(prompts,
+    answers): return <score_body>` into tmp_path/out; its output."""
+    reward_file = tmp_path / "reward.py"
+    reward_file.write_text(f"def score(prompts, answers):\n    return {score_body}\n")
+    return run([sys.executable, str(STEP3), "--actor_model_name_or_path", str(actor_dir), "--advantage_estimator",
+                "grpo", "--reward_fn", f"{reward_file}:score", "--data_split", "1000,1000,5",
+                "--per_device_generation_batch_size", "2", "--num_samples_per_prompt", "2",
+                "--per_device_training_batch_size", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8",
+                "--max_steps", "10", *flags, "--output_dir", str(tmp_path / "out"),
+                "--data_output_path", str(tmp_path / "data")])
+
+
 def test_step3_time_budget_ends_after_one_round_with_its_evaluation(step3_model_dirs, tmp_path):
-    actor_dir = step3_model_dirs[0]
-    reward_file = tmp_path / "length_reward.py"
-    reward_file.write_text("def score(prompts, answers):\n    return [len(answer) % 3 for answer in answers]\n")
     out = tmp_path / "out"
-    log = run([sys.executable, str(STEP3), "--actor_model_name_or_path", str(actor_dir), "--advantage_estimator",
-               "grpo", "--reward_fn", f"{reward_file}:score", "--data_split", "1000,1000,5",
-               "--per_device_generation_batch_size", "2", "--num_samples_per_prompt", "2",
-               "--per_device_training_batch_size", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8",
-               "--max_steps", "10", "--eval_interval", "5", "--eval_prompts", "4", "--max_train_minutes", "1e-6",
-               "--output_dir", str(out), "--data_output_path", str(tmp_path / "data")])
+    log = run_step3_grpo(step3_model_dirs[0], tmp_path, "[len(answer) % 3 for answer in answers]",
+                         "--eval_interval", "5", "--eval_prompts", "4", "--max_train_minutes", "1e-6")
     assert "stopped at step 1: --max_train_minutes 1e-06 is spent" in log
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["stopped"]["step"] == 1 and metrics["actor_optimizer_steps"] >= 1
@@ -141,16 +147,9 @@ def test_step3_stops_when_no_round_finds_answers_that_score_differently(step3_mo
     and after two such rounds the run stops, says why and saves the actor it started from."""
     from safetensors.torch import load_file
 
-    actor_dir = step3_model_dirs[0]
-    reward_file = tmp_path / "constant_reward.py"
-    reward_file.write_text("def score(prompts, answers):\n    return [1.0 for answer in answers]\n")
-    out = tmp_path / "out"
-    log = run([sys.executable, str(STEP3), "--actor_model_name_or_path", str(actor_dir), "--advantage_estimator",
-               "grpo", "--reward_fn", f"{reward_file}:score", "--data_split", "1000,1000,5",
-               "--per_device_generation_batch_size", "2", "--num_samples_per_prompt", "2",
-               "--per_device_training_batch_size", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8",
-               "--max_steps", "10", "--filter_zero_variance", "--max_generation_batches", "2",
-               "--stop_after_idle_rounds", "2", "--output_dir", str(out), "--data_output_path", str(tmp_path / "data")])
+    actor_dir, out = step3_model_dirs[0], tmp_path / "out"
+    log = run_step3_grpo(actor_dir, tmp_path, "[1.0 for answer in answers]", "--filter_zero_variance",
+                         "--max_generation_batches", "2", "--stop_after_idle_rounds", "2")
     assert "stopped at step 2: 2 rounds in a row found no group whose answers' scores differ" in log
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["stopped"]["step"] == 2 and metrics["actor_optimizer_steps"] == 0
