@@ -124,11 +124,11 @@ gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {gpu}")
 EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
-if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then  # DeepSpeed's kernels built for this GPU alone: a shorter build
-    TORCH_CUDA_ARCH_LIST=$("$PYTHON" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' \
-        2>/dev/null) && export TORCH_CUDA_ARCH_LIST
-    export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-fi
+# DeepSpeed's kernels built for this GPU alone (a shorter build), as "9.0" whatever the image set: DeepSpeed 0.19
+# cannot parse an architecture with a suffix such as "9.0a", which an H100 image set (docs/gpu.md).
+arch=$("$PYTHON" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null) \
+    && export TORCH_CUDA_ARCH_LIST=$arch
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 if [ "$MODEL" = smollm2-135m ]; then  # converted once from the GGUF file into the cache, timed apart
     start=$SECONDS
     "$PYTHON" -c "from utils.model.smollm2 import smollm2_model_path; print(smollm2_model_path())" || exit 1
