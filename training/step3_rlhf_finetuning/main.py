@@ -31,7 +31,7 @@ from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_pro
                                    make_dataloader)
 from utils.model.card import model_card
 from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
-from utils.model.save import save_hf_model
+from utils.model.save import save_engine_model
 from utils.rl.base_rate import AnswerBaseRate, reference_prompts
 from utils.rl.reward_fns import load_reward_fn
 from utils.runtime.args import column_keys, training_flags
@@ -185,9 +185,8 @@ def main(argv=None):
     settings = training_flags(args, step=3)
     for name, model_engine in (("actor", engine.actor), ("critic", engine.critic), ("actor_ema", engine.actor_ema)):
         if model_engine is not None:
-            save_hf_model(model_engine.module, tokenizer, f"{args.output_dir}/{name}",
-                          model_engine.zero_optimization_stage(), settings=settings,
-                          card=model_card(settings, metrics, role=name))
+            save_engine_model(model_engine, tokenizer, f"{args.output_dir}/{name}", settings=settings,
+                              card=model_card(settings, metrics, role=name))
     metrics["wall_time_s"] = time.time() - start_time
     write_metrics(args.output_dir, metrics)
     scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}  # not rows_skipped

@@ -53,6 +53,23 @@ def gather_state_dict(module, zero_stage):
     return state_dict
 
 
+def release_prefetched(engine):
+    """Wait for and release the parameters DeepSpeed's ZeRO-3 prefetcher gathered ahead of a forward pass that never
+    came. On a GPU the gathers run asynchronously, and the last pass (an evaluation, say) can leave some in flight,
+    which a save's gather cannot partition again ("Cannot partition a param in flight", seen on an H100:
+    docs/gpu.md); on a CPU they are synchronous. Call it before gathering a trained engine's weights; a no-op below
+    ZeRO-3."""
+    if engine.zero_optimization_stage() == 3:
+        engine.empty_partition_cache()
+
+
+def save_engine_model(engine, tokenizer, output_dir, settings=None, card=None):
+    """save_hf_model for a DeepSpeed engine's model, at the engine's ZeRO stage. Every rank must call it."""
+    release_prefetched(engine)
+    save_hf_model(engine.module, tokenizer, output_dir, engine.zero_optimization_stage(), settings=settings,
+                  card=card)
+
+
 def save_hf_model(module, tokenizer, output_dir, zero_stage=0, settings=None, card=None):
     """Write `module` (a transformers model, or a module with the same `save_pretrained(dir, state_dict=...)`)
     and its tokenizer into `output_dir` as a Hugging Face folder, with the run's `settings` (the flags that shaped

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from utils.data.data_utils import KNOWN_NAMES
-from utils.model.save import gather_state_dict, load_safetensors, save_safetensors
+from utils.model.save import gather_state_dict, load_safetensors, release_prefetched, save_safetensors
 from utils.runtime.dist import barrier, print_rank_0
 from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, interrupts_deferred, on_exit
 from utils.runtime.paths import (claim_folder, delete_leftovers, make_temp_dir_beside, replace_dir,
@@ -500,6 +500,7 @@ def check_finite_weights(module, what):
 
 
 def _save_weights(engine, path):
+    release_prefetched(engine)
     state_dict = gather_state_dict(engine.module, engine.zero_optimization_stage())
     if state_dict is not None:
         save_safetensors(state_dict, path)

@@ -8,7 +8,7 @@ import torch
 from utils.data.data_utils import create_prompt_dataset, data_bound, data_metrics, fit_auto_lengths, make_dataloader
 from utils.model.model_utils import count_parameters, load_tokenizer
 from utils.model.card import model_card
-from utils.model.save import save_hf_model
+from utils.model.save import save_engine_model
 from utils.runtime.args import column_keys, training_flags
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.progress import eval_batches, progress
@@ -206,8 +206,7 @@ def save_run(engine, tokenizer, args, metrics, state, start_time):
     metrics.update(state.counts, **state.stop.metrics(), optimizer_steps=engine.global_steps,
                    parameters=count_parameters(engine.module), wall_time_s=time.time() - start_time)
     state.monitor.close()
-    save_hf_model(engine.module, tokenizer, args.output_dir, args.zero_stage, settings=state.flags,
-                  card=model_card(state.flags, metrics))
+    save_engine_model(engine, tokenizer, args.output_dir, settings=state.flags, card=model_card(state.flags, metrics))
     write_metrics(args.output_dir, metrics)
     scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**scalars)}")
