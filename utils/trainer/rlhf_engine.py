@@ -10,8 +10,6 @@
 Frozen models are built by utils.trainer.frozen (ZeRO-3 when the trained model they shadow is, or offloaded).
 Every model is built with dropout off unless asked, so experience and training see the same function.
 """
-from deepspeed.accelerator import get_accelerator
-
 from utils.model.model_utils import create_hf_model
 from utils.model.reward_model import RewardModel
 from utils.rl.estimators import uses_critic
@@ -21,23 +19,23 @@ from utils.trainer.engine import init_train_engine, prepare_trainable
 from utils.trainer.frozen import frozen_causal_lm, frozen_ds_config, frozen_reward_model
 
 
-def use_native_generate_on_cpu():
-    """DeepSpeed's hybrid-engine inference kernels are CUDA only. On a CPU, give the hybrid engine no inference
-    policies, so it keeps the model's own `generate()` for every architecture (OPT already falls back by itself;
-    Llama would otherwise fail at initialize). On CUDA nothing changes."""
+def use_native_generate():
+    """The hybrid engine generates with the model's own `generate()`, never with DeepSpeed's inference containers,
+    on every device: on a CPU they have no kernels, and on CUDA their injected layers keep the legacy tuple cache
+    that transformers 5's decoder layers replaced by Cache objects (DeepSpeed itself already leaves OPT out for this;
+    on an H100 its Llama container failed on our LoRA layers, and it gives the kernel no count of key-value heads,
+    which grouped-query models such as SmolLM2 have fewer of than query heads: docs/gpu.md). What the hybrid
+    engine still does: under ZeRO-3 it gathers the parameters once per generation rather than layer by layer at
+    every token (LoRA factors stay unfused)."""
     from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 
-    original = DeepSpeedHybridEngine.populate_all_inference_policies
-    if getattr(original, "native_generate_on_cpu", False):
+    if getattr(DeepSpeedHybridEngine.populate_all_inference_policies, "native_generate", False):
         return
 
     def populate_all_inference_policies(self):
-        if get_accelerator().device_name() == "cpu":
-            self.inference_policies = {}
-        else:
-            original(self)
+        self.inference_policies = {}
 
-    populate_all_inference_policies.native_generate_on_cpu = True
+    populate_all_inference_policies.native_generate = True
     DeepSpeedHybridEngine.populate_all_inference_policies = populate_all_inference_policies
 
 
@@ -48,7 +46,7 @@ class DeepSpeedRLHFEngine:
         optimizer steps each trained model will take, the length of its schedule."""
         self.args, self.tokenizer, self.world_size = args, tokenizer, world_size
         self.actor_steps, self.critic_steps = actor_steps, critic_steps
-        use_native_generate_on_cpu()
+        use_native_generate()
         self.actor = self._init_actor(actor_path)
         self.ref = self._init_frozen_causal_lm(actor_path, "reference")
         # The EMA is kept in fp32 whatever the run's dtype: in bf16 an update of (1 - beta) x the difference to the

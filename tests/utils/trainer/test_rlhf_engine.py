@@ -1,5 +1,5 @@
 """Tests of step 3's RLHF engine with real DeepSpeed engines in this process (a world of one): the four models at
-ZeRO stages 0, 2 and 3, with and without the hybrid engine (native generate on CPU, greedy output equal to plain
+ZeRO stages 0, 2 and 3, with and without the hybrid engine (native generate, greedy output equal to plain
 Hugging Face, and so is inference/sampling.py's at a near-zero temperature), LoRA, the EMA copy (exact lerp update, kept after a ZeRO-3 gather ends) and an offloaded reference.
 
 The step-1 and step-2 folders come from the session fixture `step3_model_dirs` (tests/conftest.py); their configs
@@ -87,7 +87,7 @@ def test_engine_at_each_zero_stage_generates_as_plain_hf(distributed, step3_mode
         assert bool(partitioned(getattr(engine, name).module)) == (stage == 3), name
     assert isinstance(engine.actor, DeepSpeedHybridEngine) == hybrid
     if hybrid:
-        # No inference kernels on CPU: the model keeps its own generate, not the engine's wrapper.
+        # No inference containers, on any device (use_native_generate): the model keeps its own generate.
         assert engine.actor._inference_containers == []
         assert "generate" not in vars(engine.actor.module)
         assert engine.actor.module.generate.__func__ is type(engine.actor.module).generate
