@@ -17,7 +17,7 @@ from utils.rl.estimators import ESTIMATORS
 from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.preference_losses import PREFERENCE_LOSSES
 from utils.runtime.paths import write_file_atomic
-from utils.runtime.provenance import code_commit, cpu_name
+from utils.runtime.provenance import code_commit, cpu_name, gpu_name
 
 EVALUATION_HEADING = "## Evaluation"
 # Built-in model names (utils/model/model_utils.py resolve_model_path) as the card's base_model names them.
@@ -87,12 +87,7 @@ def machine():
     """One line: the OS, the CPU model and cores (as lscpu names them), the GPUs, the processes of the run."""
     import torch
 
-    parts = [platform.platform(), f"{cpu_name()} ({os.cpu_count()} cores)"]
-    if torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        parts.append(f"{count} x {torch.cuda.get_device_name(0)}")
-    else:
-        parts.append("no GPU")
+    parts = [platform.platform(), f"{cpu_name()} ({os.cpu_count()} cores)", gpu_name() or "no GPU"]
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     return ", ".join(parts) + f"; {world} training process(es)"
 

@@ -44,6 +44,15 @@ def cpu_name(cpuinfo=None):
     return f"{cpu_model(cpuinfo)}, {bf16}"
 
 
+def gpu_name():
+    """The CUDA GPUs as "<count> x <name>", or None where torch sees none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+
+
 def code_commit(root=ROOT):
     """This clone's commit (short), with " + uncommitted changes" where its tracked files differ from it;
     "unknown" outside a git clone."""

@@ -12,7 +12,7 @@ from utils.model.save import read_training_settings
 from utils.rl.estimators import ESTIMATORS
 from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.preference_losses import PREFERENCE_LOSSES
-from utils.runtime.provenance import code_commit, cpu_name
+from utils.runtime.provenance import code_commit, cpu_name, gpu_name
 from utils.trainer.plots import report_figures
 
 # The registry flags whose value a stage's report rows name, with the registry that describes each value.
@@ -165,6 +165,9 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
     if wall_times:
         rows.append(("all", "wall time", f"{sum(wall_times.values()):.0f} s"))
     rows += [("all", "code commit", code_commit()), ("all", "CPU", cpu_name())]
+    gpu = gpu_name()
+    if gpu:
+        rows.append(("all", "GPU", gpu))
     lines = ["| step | measure | value |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     if command:
         lines.insert(0, f"Measured by `{command}`:\n")
