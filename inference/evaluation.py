@@ -19,6 +19,7 @@ from utils.data.prompting import model_prompt
 from utils.data.raw_datasets import builtin_data_dir
 from utils.data.reasoning_gym_data import gym_data
 from utils.data.text_files import check_text, read_lines
+from utils.runtime.args import BATCH_SIZE
 from utils.runtime.errors import DataError
 
 DECODINGS = ("sampled", "greedy")
@@ -139,7 +140,7 @@ def are_task_prompts(prompts):
 
 
 def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy_only=False,
-                    seed=1234, batch_size=32, reward_fn=None, dtype="fp32", trust_remote_code=False,
+                    seed=1234, batch_size=BATCH_SIZE, reward_fn=None, dtype="fp32", trust_remote_code=False,
                     samples_per_prompt=1, checker=None, tools=None):
     """Answer `prompts` with each model and score the answers.
 
