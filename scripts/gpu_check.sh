@@ -72,7 +72,7 @@ common=(--actor-model "$MODEL" --reward-model "$MODEL" --eval-prompts 32 --eval-
 step1="--dtype $DTYPE --max_steps 20 --print_interval 2"
 step2="--dtype $DTYPE --max_steps 20 --print_interval 2"
 step3="--dtype $DTYPE --max_steps 4 --print_interval 1 --eval_interval 0"
-runs=(  # the hybrid engine's runs last: its inference kernels are the slowest to build
+runs=(  # the hybrid engine's runs last (the ones that failed on the first GPU run: docs/gpu.md)
     "ppo-zero2|--algorithm ppo --pair-judge none --step 1 2 3 --zero-stage 2|$step1|$step2|$step3"
     "grpo|--algorithm grpo --step 3 --zero-stage 2 --no-eval|||$step3"
     "dpo|--algorithm dpo --pair-judge none --step 2 --zero-stage 2 --no-eval||$step2|"
