@@ -9,8 +9,8 @@ from utils.runtime.args import (ZERO_STAGES, ArgumentParser, add_checkpoint_args
                                 add_deepspeed_args, add_logging_args, add_num_padding_at_beginning_arg,
                                 add_offload_reference_model_arg, add_only_optimize_lora_arg, add_reward_fn_arg,
                                 add_sampling_args, add_schedule_args, add_tool_args, add_trust_remote_code_arg,
-                                check_common_args,
-                                is_auto, length_or_auto, registry_help)
+                                check_common_args, is_auto, length_or_auto, registry_help,
+                                rollouts_per_batch)
 from utils.runtime.errors import ConfigError
 from utils.runtime.tool_format import tool_use
 
@@ -250,8 +250,7 @@ def check_args(args):
     check_common_args(args)  # the ranges of single flags (utils/runtime/args.py FLAG_RANGES), then how flags combine
     check_rl_args(args)
     tool_use(args)  # --tool_tags
-    rollouts = args.per_device_generation_batch_size * args.num_samples_per_prompt
-    if rollouts % args.per_device_training_batch_size:
+    if rollouts_per_batch(args) % args.per_device_training_batch_size:
         group = args.num_samples_per_prompt
         times = f" x --num_samples_per_prompt ({group})" if group > 1 else ""
         raise ConfigError(f"--per_device_generation_batch_size ({args.per_device_generation_batch_size}){times} must "

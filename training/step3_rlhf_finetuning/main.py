@@ -34,7 +34,7 @@ from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_mo
 from utils.model.save import save_engine_model
 from utils.rl.base_rate import AnswerBaseRate, reference_prompts
 from utils.rl.reward_fns import load_reward_fn
-from utils.runtime.args import column_keys, training_flags
+from utils.runtime.args import column_keys, rollouts_per_batch, training_flags
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.progress import progress
@@ -100,7 +100,7 @@ def main(argv=None):
     total_steps = budget["total_steps"]
     if warning:
         print_rank_0(warning)
-    rollouts = args.per_device_generation_batch_size * args.num_samples_per_prompt
+    rollouts = rollouts_per_batch(args)
     minibatches = rollouts // args.per_device_training_batch_size
     actor_steps, critic_steps = planned_optimizer_steps(args, total_steps)
     engine = DeepSpeedRLHFEngine(actor_path, critic_path, tokenizer, args, actor_steps, critic_steps, world_size)
@@ -203,8 +203,8 @@ def planned_optimizer_steps(args, total_steps):
     --filter_zero_variance a round short of rows, after --max_generation_batches, makes fewer: the schedule then
     ends short of its last steps.)"""
     rounds = total_steps // args.generation_batches
-    rows = args.per_device_generation_batch_size * args.num_samples_per_prompt
-    updates_per_round = args.generation_batches * args.ppo_epochs * (rows // args.per_device_training_batch_size)
+    updates_per_round = (args.generation_batches * args.ppo_epochs
+                         * (rollouts_per_batch(args) // args.per_device_training_batch_size))
     actor_rounds = max(0, rounds - args.critic_warmup_steps)
     actor_micro_steps = actor_rounds * updates_per_round * (2 if args.unsupervised_dataset_name else 1)
     accumulation = args.gradient_accumulation_steps

@@ -156,6 +156,12 @@ def add_seed_arg(group, default=1234, covers="the data split and order, the init
                        help=f"Random seed of {covers}, for reproducible runs; default %(default)s.")
 
 
+def rollouts_per_batch(args):
+    """Step 3's rollouts of one prompt batch on one process: --per_device_generation_batch_size prompts x
+    --num_samples_per_prompt answers each."""
+    return args.per_device_generation_batch_size * args.num_samples_per_prompt
+
+
 BATCH_SIZE = 64
 """Rows a tool that runs a model (an evaluation, a scoring) takes at once. Decoding a small model on a CPU is bound
 by reading its weights once a step, whatever the rows: 64 rows gave 1.2x (with the tool) to 1.4x (without) the

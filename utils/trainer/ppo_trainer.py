@@ -33,6 +33,7 @@ from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import masked_mean
+from utils.runtime.args import rollouts_per_batch
 from utils.runtime.dist import all_reduce_mean, all_reduce_min, all_reduce_sum, assert_finite, to_device
 from utils.runtime.errors import ConfigError
 from utils.runtime.tool_format import tool_use
@@ -313,7 +314,7 @@ class PPOTrainer:
     def round_rows(self):
         """The rows a round trains on: --generation_batches prompt batches' rollouts."""
         args = self.args
-        return args.generation_batches * args.per_device_generation_batch_size * args.num_samples_per_prompt
+        return args.generation_batches * rollouts_per_batch(args)
 
     def round_ready(self, experiences):
         """Whether the prompt batches drawn make a whole round: --generation_batches of them; with
@@ -401,7 +402,7 @@ class PPOTrainer:
         results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,
                                   max_new_tokens=args.max_answer_seq_len, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts, checker=checker,
-                                  batch_size=args.per_device_generation_batch_size * args.num_samples_per_prompt,
+                                  batch_size=rollouts_per_batch(args),
                                   tools=self.tools)
         self.actor.train()
         stats = results["actor"]["answer_stats"]
