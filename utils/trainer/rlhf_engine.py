@@ -29,14 +29,11 @@ def use_native_generate():
     every token (LoRA factors stay unfused)."""
     from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 
-    if getattr(DeepSpeedHybridEngine.populate_all_inference_policies, "native_generate", False):
-        return
+    DeepSpeedHybridEngine.populate_all_inference_policies = _no_inference_policies
 
-    def populate_all_inference_policies(self):
-        self.inference_policies = {}
 
-    populate_all_inference_policies.native_generate = True
-    DeepSpeedHybridEngine.populate_all_inference_policies = populate_all_inference_policies
+def _no_inference_policies(hybrid_engine):
+    hybrid_engine.inference_policies = {}
 
 
 class DeepSpeedRLHFEngine:
