@@ -31,8 +31,8 @@ setup(
         # would pull in llama_cpp, which chatrlhf never uses).
         # The tests cover the reasoning-gym data source and verifier, the trackers, report.md's pictures and the
         # bench's plot, so they need those extras too; pytest-xdist runs them in two processes (pytest.ini).
-        "test": ["pytest>=8", "pytest-xdist>=3", "reasoning-gym>=0.1.25,<0.2", "wandb>=0.19,<1", "mlflow-skinny>=2.10,<4",
-                 "matplotlib>=3.5"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "reasoning-gym>=0.1.25,<0.2", "wandb>=0.19,<1",
+                 "mlflow-skinny>=2.10,<4", "matplotlib>=3.5"],
         # report.md's pictures (utils/trainer/plots.py) and the bench's plot (bench/report.py); without matplotlib
         # both are written without them.
         "plots": ["matplotlib>=3.5"],

@@ -164,8 +164,8 @@ def rollouts_per_batch(args):
 
 BATCH_SIZE = 64
 """Rows a tool that runs a model (an evaluation, a scoring) takes at once. Decoding a small model on a CPU is bound
-by reading its weights once a step, whatever the rows: 64 rows gave 1.2x (with the tool) to 1.4x (without) the
-answers per second of 32 on SmolLM2-135M (docs/tools.md)."""
+by reading its weights once a step, whatever the rows, so more rows answer more per second (64 against 32 on
+SmolLM2-135M: docs/tools.md)."""
 
 
 def add_batch_size_arg(group, what="Prompts generated together"):
