@@ -1,7 +1,7 @@
 """Tests of utils/model/model_utils.py: resolving --model_name_or_path, loading tokenizers and models, the reward-model
 guard, embedding resize and parameter counting."""
 import json
-import time
+import socket
 
 import pytest
 import torch
@@ -48,11 +48,12 @@ def test_resolve_a_folder_without_config(tmp_path, no_hub):
 
 @pytest.mark.parametrize("path", ["./nope", "/nope", "~/surely-not-a-model-folder", "../nope/model",
                                   "some/deep/path"])
-def test_resolve_a_missing_path_is_quick_and_offline(path, no_hub):
-    start = time.perf_counter()
+def test_resolve_a_missing_path_never_reaches_the_network(path, no_hub, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"unexpected connection {args}")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
     with pytest.raises(ConfigError, match="does not exist"):
         resolve_model_path(path)
-    assert time.perf_counter() - start < 1.0
 
 
 def test_resolve_an_unreachable_hub_name(monkeypatch):
