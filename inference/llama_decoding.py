@@ -1,22 +1,23 @@
 """A Llama model's forward for sampling on a CPU, in fewer and cheaper operations than its Hugging Face forward.
 
-`inference.sampling.sample` asks `llama_decoder` for a decoder: for a plain `LlamaForCausalLM` in eval mode on a
-CPU (no LoRA layers, no ZeRO-3 partitioned parameters) a `LlamaDecoder`, which computes what the model's forward
-computes, for the prompts and then one token a row:
+`inference.sampling.sample` asks `llama_decoder` for a decoder: for a `LlamaForCausalLM` of transformers' own
+classes in eval mode on a CPU (its linear layers plain or LoRA, no ZeRO-3 partitioned parameters) a
+`LlamaDecoder`, which computes what the model's forward computes, for the prompts and then one token a row:
 
     h = embed(tokens)
     for each layer:  x = rms(h);  q, k, v = x W_qkv;  q, k = rope(q), rope(k)  (cos, sin from the model's rotary_emb)
                      h = h + softmax(q K^T * scaling + mask) V W_o              (K, V: every column so far)
-                     x = rms(h);  h = h + (act(x W_gate) * x W_up) W_down
+                     x = rms(h);  g, u = x W_gate_up;  h = h + (act(g) * u) W_down
     logits = lm_head(rms(h))  (the last position only)
 
-with q, k and v one matmul (their weights concatenated once a rollout), the prompts' left padding left out of
+with q, k and v one matmul and gate and up another (their weights concatenated once a rollout), each LoRA layer's
+factors folded into its weight once a rollout (W + scaling R L^T: one matmul a layer instead of three), the prompts' left padding left out of
 everything but attention (norms, projections and the MLP run on real tokens only), cos and sin looked up in a
 table of positions, keys and values written into buffers allocated for the whole answer (no cache growing by
 concatenation), and attention in float32: in bf16 the many small batched matmuls of attention are about twice
 as slow on a CPU, and PyTorch's fused attention kernel is slower still for a few queries a row; float32 is also
-what the softmax computes in. Anything else (another architecture, LoRA, ZeRO-3, a GPU) gets None, and `sample`
-runs the model's own forward with a Hugging Face cache.
+what the softmax computes in. Anything else (another architecture, ZeRO-3, a GPU) gets None, and `sample` runs
+the model's own forward with a Hugging Face cache.
 In float32 the logits equal the forward's to rounding (tests/inference/test_llama_decoding.py).
 """
 import torch
@@ -24,6 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama import modeling_llama as llama
 
+from utils.model.lora import LinearLayerLoRA, effective_weight
+
+LINEARS = (nn.Linear, LinearLayerLoRA)
+"""The linear layers the decoder computes (exactly these classes)."""
 MAX_BUFFER_BYTES = 4 << 30
 """Above this size of key/value buffers (float32, whole answer, all rows) the model's own bf16 cache, grown as
 needed, is kept instead."""
@@ -43,8 +48,8 @@ def llama_decoder(model, rows, capacity):
 
 def _plain_llama(model):
     """Whether `model` is transformers' own Llama (these exact classes, not a subclass or remote code with the same
-    names), with plain linear layers (no LoRA) and parameters in place (not ZeRO-3's, gathered by hooks)."""
-    if type(model) is not llama.LlamaForCausalLM or type(model.lm_head) is not nn.Linear:
+    names), with linear layers plain or LoRA and parameters in place (not ZeRO-3's, gathered by hooks)."""
+    if type(model) is not llama.LlamaForCausalLM or type(model.lm_head) not in LINEARS:
         return False
     if any(hasattr(param, "ds_id") for param in model.parameters()):
         return False
@@ -58,19 +63,20 @@ def _plain_llama(model):
                  layer.input_layernorm: llama.LlamaRMSNorm, layer.post_attention_layernorm: llama.LlamaRMSNorm}
         linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj,
                    mlp.up_proj, mlp.down_proj)
-        if any(type(part) is not kind for part, kind in parts.items()) or any(type(linear) is not nn.Linear
+        if any(type(part) is not kind for part, kind in parts.items()) or any(type(linear) not in LINEARS
                                                                                for linear in linears):
             return False
     return True
 
 
 def _concat(*linears):
-    """(weight, bias) of one linear layer computing all of `linears` side by side."""
-    weight = torch.cat([linear.weight for linear in linears])
-    if all(linear.bias is None for linear in linears):
+    """(weight, bias) of one linear layer computing all of `linears` (plain or LoRA) side by side."""
+    weights, biases = zip(*map(effective_weight, linears))
+    weight = torch.cat(weights)
+    if all(bias is None for bias in biases):
         return weight, None
-    return weight, torch.cat([linear.bias if linear.bias is not None else weight.new_zeros(linear.out_features)
-                              for linear in linears])
+    return weight, torch.cat([bias if bias is not None else weight.new_zeros(part.shape[0])
+                              for part, bias in zip(weights, biases)])
 
 
 def _rms(x, norm):
@@ -104,7 +110,9 @@ class LlamaDecoder:
         for layer in model.model.layers:
             attention, mlp = layer.self_attn, layer.mlp
             self.layers.append((layer.input_layernorm, _concat(attention.q_proj, attention.k_proj, attention.v_proj),
-                                attention.o_proj, attention.scaling, layer.post_attention_layernorm, mlp))
+                                effective_weight(attention.o_proj), attention.scaling, layer.post_attention_layernorm,
+                                _concat(mlp.gate_proj, mlp.up_proj), mlp.act_fn, effective_weight(mlp.down_proj)))
+        self.head = effective_weight(model.lm_head)
         self.keys = self.values = None  # per layer (B, kv_heads, capacity, head_dim), float32, from the first call
         self.length = 0  # the columns filled so far
         self.rotary_table = None  # (cos, signed sin) of positions 0 .. capacity - 1, from the first call
@@ -175,8 +183,8 @@ class LlamaDecoder:
         cos, signed_sin = self._rotary(h, position_ids)
         width = (heads + 2 * kv_heads) * head_dim
         padded = None if packed is None else h.new_zeros(batch * new, width)  # rows of padding stay 0
-        for index, (norm1, (qkv, qkv_bias), out, scaling, norm2, mlp) in enumerate(self.layers):
-            y = F.linear(_rms(h, norm1), qkv, qkv_bias)
+        for index, (norm1, qkv, out, scaling, norm2, gate_up, act, down) in enumerate(self.layers):
+            y = F.linear(_rms(h, norm1), *qkv)
             if packed is not None:
                 y = padded.index_copy_(0, packed, y)
             y = y.view(batch, new, heads + 2 * kv_heads, head_dim)
@@ -191,9 +199,9 @@ class LlamaDecoder:
             attended = attended.reshape(batch * new, heads * head_dim)
             if packed is not None:
                 attended = attended[packed]
-            h = h + out(attended.to(h.dtype))
-            x = _rms(h, norm2)
-            h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+            h = h + F.linear(attended.to(h.dtype), *out)
+            gate, up = F.linear(_rms(h, norm2), *gate_up).chunk(2, dim=-1)
+            h = h + F.linear(act(gate) * up, *down)
         self.length = end
         last = h.view(batch, new, -1)[:, -1] if packed is None else h[real.sum(1).cumsum(0) - 1]
-        return self.model.lm_head(_rms(last, inner.norm))
+        return F.linear(_rms(last, inner.norm), *self.head)

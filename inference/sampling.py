@@ -12,8 +12,9 @@ instead:
   one row, and their keys and values copied to all rows: the rows then carry on from that shared prefix;
 - a prompt that several rows answer (a group of `--num_samples_per_prompt` answers) is run once, and its keys
   and values copied to each of its rows;
-- on a CPU a Llama model (the built-in default's, SmolLM2's) runs without Hugging Face's forward and cache
-  (`inference.llama_decoding`: q/k/v in one matmul, keys and values written in place, attention in float32);
+- on a CPU a Llama model (the built-in default's, SmolLM2's), with LoRA layers or without, runs without Hugging
+  Face's forward and cache (`inference.llama_decoding`: q/k/v in one matmul, LoRA factors folded into the
+  weights, keys and values written in place, attention in float32);
   other models' decoding steps use Hugging Face's "eager" attention (two matmuls and a softmax) instead of
   PyTorch's fused `scaled_dot_product_attention`, whose CPU kernel is slower for a single query, most of all in
   bf16 (`python -m bench --sections sampler` measures the whole sampler against `generate`);

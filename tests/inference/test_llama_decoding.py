@@ -92,6 +92,26 @@ def test_the_decoder_computes_the_models_forward(variant, share_prefix):
     assert not torch.equal(ours[1][0], ours[1][1])  # rows differ: a mixed-up row would show
 
 
+@pytest.mark.parametrize("targets", ["layers.", "layers.,lm_head"])
+def test_lora_layers_are_folded_and_compute_the_lora_models_forward(targets):
+    """A LoRA model (factors trained away from zero) decodes with each layer's factors folded into its weight: the
+    logits are the LoRA model's own, to rounding, and the model is left as it was."""
+    model = convert_linear_layer_to_lora(llama(), targets, 4).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_left_weight" in name:
+                param.normal_(0, 0.5)
+    before = {name: param.clone() for name, param in model.state_dict().items()}
+    decoder = llama_decoder(model, 5, 9 + STEPS)
+    assert isinstance(decoder, LlamaDecoder)
+    ours, theirs = run(decoder), run(ForwardDecoder(model))
+    plain = run(llama_decoder(llama(), 5, 9 + STEPS))
+    for lean_logits, logits, plain_logits in zip(ours, theirs, plain, strict=True):
+        assert (lean_logits - logits).abs().max() < 1e-5 * logits.abs().max()
+        assert (plain_logits - logits).abs().max() > 1e-2 * logits.abs().max()  # the factors matter
+    assert all(torch.equal(param, before[name]) for name, param in model.state_dict().items())
+
+
 def test_in_bf16_the_logits_differ_from_the_forwards_by_rounding_only():
     """Attention in float32 instead of bf16 (the module docstring): the logits move by bf16 rounding, no more."""
     model = llama(torch.bfloat16)
@@ -102,7 +122,6 @@ def test_in_bf16_the_logits_differ_from_the_forwards_by_rounding_only():
 def test_only_a_plain_llama_in_eval_mode_gets_the_decoder():
     assert isinstance(llama_decoder(llama(), 5, 8), LlamaDecoder)
     assert llama_decoder(llama().train(), 5, 8) is None  # dropout would apply
-    assert llama_decoder(convert_linear_layer_to_lora(llama(), "layers.", 4), 5, 8) is None  # LoRA projections
     zero3 = llama()
     next(zero3.parameters()).ds_id = 0  # as ZeRO-3 marks the parameters it partitions
     assert llama_decoder(zero3, 5, 8) is None

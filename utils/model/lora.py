@@ -66,16 +66,28 @@ def has_lora(model):
     return any(isinstance(module, LinearLayerLoRA) for module in model.modules())
 
 
+def fold(weight, right, left, scaling):
+    """The weight of the plain linear layer a LoRA layer computes (without dropout): W + scaling * (R L)^T, in
+    float32, back to W's dtype."""
+    return (weight.float() + scaling * (right.float() @ left.float()).t()).to(weight.dtype)
+
+
+def effective_weight(linear):
+    """(weight, bias) of the plain linear layer `linear` computes in eval mode: its own for an `nn.Linear`, the
+    factors folded in (a new tensor) for a `LinearLayerLoRA`."""
+    if isinstance(linear, LinearLayerLoRA):
+        return fold(linear.weight, linear.lora_right_weight, linear.lora_left_weight, linear.lora_scaling), linear.bias
+    return linear.weight, linear.bias
+
+
 def fuse_lora_state_dict(model, state_dict):
     """Return a copy of a full (gathered) `state_dict` of `model` with each LoRA layer's factors folded into its
-    weight, W + scaling * (R L)^T, and the factor entries removed: the state dict of the plain model."""
+    weight (`fold`) and the factor entries removed: the state dict of the plain model."""
     fused = dict(state_dict)
     for name, module in model.named_modules():
         if not isinstance(module, LinearLayerLoRA):
             continue
         prefix = f"{name}." if name else ""
-        right = fused.pop(prefix + "lora_right_weight").float()
-        left = fused.pop(prefix + "lora_left_weight").float()
-        weight = fused[prefix + "weight"]
-        fused[prefix + "weight"] = (weight.float() + module.lora_scaling * (right @ left).t()).to(weight.dtype)
+        right, left = fused.pop(prefix + "lora_right_weight"), fused.pop(prefix + "lora_left_weight")
+        fused[prefix + "weight"] = fold(fused[prefix + "weight"], right, left, module.lora_scaling)
     return fused
