@@ -158,8 +158,9 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
 
     tools: a utils.runtime.tool_format.ToolUse: the answers are multi-turn, with tool calls (inference/tool_rollout.py),
     scored on their final answer (the text after the last tool output); each decoding's scores add TOOL_FIGURES:
-    the score of answers from the same decoding without the tool ("all_without_tools", "reward_without_tools"), and
-    how often the tool was called and ran cleanly.
+    the score of answers from the same decoding without the tool ("all_without_tools", "reward_without_tools": one
+    answer a prompt, sampled ones too, as a measure of what the tool adds it need not be as precise), and how often
+    the tool was called and ran cleanly.
 
     Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]},
     "answer_stats": {"sampled": stats, "greedy": stats}}}, where scores is the checker's summary (or {} without a
@@ -184,7 +185,7 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
                 return_ended=True, tools=tools, return_calls=tools is not None)
             if tools is not None:
                 calls[decoding] = made[0]
-                plain[decoding] = generate(model, tokenizer, model_prompts * rounds[decoding], **settings,
+                plain[decoding] = generate(model, tokenizer, model_prompts, **settings,
                                            desc=f"{name} {decoding} without tools")
         del model, tokenizer  # a loaded model is freed before the next one (and before reward_fn runs)
         result = {"answer_stats": {}}
@@ -196,7 +197,7 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
                 rewards = [float(r) for r in reward_fn(answered, final)]
                 scores["reward"] = sum(rewards) / len(rewards)
             if tools is not None:
-                scores.update(tool_figures(answered, [tools.format.final_answer(a) for a in plain[decoding]],
+                scores.update(tool_figures(prompts, [tools.format.final_answer(a) for a in plain[decoding]],
                                            calls[decoding], checker, reward_fn))
             result[decoding] = scores
             stats = answer_stats(prompts, final, checker, constant_scores)

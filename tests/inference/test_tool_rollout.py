@@ -145,6 +145,26 @@ def test_evaluation_scores_final_answers_with_and_without_the_tool(model, tiny_t
     assert not any(FORMAT.output_close in answer for answer in seen)
 
 
+def test_the_sampled_decoding_without_the_tool_answers_each_prompt_once(model, tiny_tokenizer):
+    """With several samples a prompt, the answers without the tool (a measure of what the tool adds) are one a
+    prompt: the checker scores 3 x n answers with the tool, then n without, for each decoding."""
+    from inference.evaluation import evaluate_models
+    from utils.runtime.tool_format import ToolUse
+
+    sizes = []
+
+    def checker(prompts, answers):
+        sizes.append((len(prompts), len(answers)))
+        return {"all": 0.0}
+
+    prompts = [f" Human: {q} Assistant:" for q in QUESTIONS]
+    evaluate_models({"m": (model, tiny_tokenizer)}, prompts, max_new_tokens=20, seed=3, checker=checker,
+                    tools=ToolUse(FakeTool(), FORMAT, max_calls=1, timeout=1.0), samples_per_prompt=3)
+    n = len(prompts)
+    assert sizes[:2] == [(3 * n, 3 * n), (n, n)]  # sampled: with the tool, then without
+    assert sizes[2:4] == [(n, n), (n, n)]  # greedy: one answer a prompt either way
+
+
 def test_chat_answers_call_the_tool(model, tiny_tokenizer):
     from inference.chatbot import ChatBot
     from utils.runtime.tool_format import ToolUse
