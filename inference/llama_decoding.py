@@ -11,13 +11,13 @@ classes in eval mode on a CPU (its linear layers plain or LoRA, no ZeRO-3 partit
     logits = lm_head(rms(h))  (the last position only)
 
 with q, k and v one matmul and gate and up another (their weights concatenated once a rollout), each LoRA layer's
-factors folded into its weight once a rollout (W + scaling R L^T: one matmul a layer instead of three), the prompts' left padding left out of
-everything but attention (norms, projections and the MLP run on real tokens only), cos and sin looked up in a
-table of positions, keys and values written into buffers allocated for the whole answer (no cache growing by
-concatenation), and attention in float32: in bf16 the many small batched matmuls of attention are about twice
-as slow on a CPU, and PyTorch's fused attention kernel is slower still for a few queries a row; float32 is also
-what the softmax computes in. Anything else (another architecture, ZeRO-3, a GPU) gets None, and `sample` runs
-the model's own forward with a Hugging Face cache.
+factors folded into its weight once a rollout (W + scaling (R L)^T: one matmul a layer instead of three), the
+prompts' left padding left out of everything but attention (norms, projections and the MLP run on real tokens only),
+cos and sin looked up in a table of positions, keys and values written into buffers allocated for the whole answer
+(no cache growing by concatenation), and attention in float32: in bf16 the many small batched matmuls of attention
+are about twice as slow on a CPU, and PyTorch's fused attention kernel is slower still for a few queries a row;
+float32 is also what the softmax computes in. Anything else (another architecture, ZeRO-3, a GPU) gets None, and
+`sample` runs the model's own forward with a Hugging Face cache.
 In float32 the logits equal the forward's to rounding (tests/inference/test_llama_decoding.py).
 """
 import torch

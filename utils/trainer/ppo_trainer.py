@@ -33,7 +33,7 @@ from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
 from utils.rl.tokens import masked_mean
-from utils.runtime.args import rollouts_per_batch
+from utils.runtime.args import BATCH_SIZE, rollouts_per_batch
 from utils.runtime.dist import all_reduce_mean, all_reduce_min, all_reduce_sum, assert_finite, to_device
 from utils.runtime.errors import ConfigError
 from utils.runtime.tool_format import tool_use
@@ -391,7 +391,8 @@ class PPOTrainer:
     def evaluate(self, prompts, checker=None):
         """The actor's scores on held-out `prompts` as it is now, by `inference.evaluation.evaluate_models`: one
         sampled answer each (at the rollout temperature and top-p, from --seed, so every evaluation of a run
-        samples alike) and the greedy one, up to --max_answer_seq_len tokens; `checker`'s scores ("all" and per
+        samples alike) and the greedy one, up to --max_answer_seq_len tokens, in batches of a round's rollouts or
+        BATCH_SIZE rows, the larger (decoding holds far less per row than training); `checker`'s scores ("all" and per
         group, e.g. a reasoning-gym verifier's `summarize`, by task; by default the built-in task's checker on its
         prompts), and "reward", the mean end score of the reward sources.
         Every rank runs it (ZeRO-3 gathers the weights collectively); random states are left as they were.
@@ -402,8 +403,7 @@ class PPOTrainer:
         results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,
                                   max_new_tokens=args.max_answer_seq_len, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts, checker=checker,
-                                  batch_size=rollouts_per_batch(args),
-                                  tools=self.tools)
+                                  batch_size=max(rollouts_per_batch(args), BATCH_SIZE), tools=self.tools)
         self.actor.train()
         stats = results["actor"]["answer_stats"]
         return {decoding: {**results["actor"][decoding], **answer_scalars(stats[decoding])} for decoding in DECODINGS}
