@@ -15,8 +15,9 @@ alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks 
   5. peak RSS of step 1 and step 3, and of step 1 at ZeRO 0/1/2/3 with one and two processes;
   6. step 1 training tokens/s with --packing against dynamic padding, on synthetic data of dialogue-like
      lengths (bench/packing.py), and both runs' per-step losses (not in --quick);
-  7. step 3's sampler against `generate` on 64 distinct prompts and on 4 prompts x 8 answers, for the bench models
-     and SmolLM2-135M when installed (bench/sampler.py; section `sampler`, only when named);
+  7. step 3's sampler against `generate` on 64 distinct prompts and on 4 prompts x 8 answers (also with the LoRA
+     layers of step 3's actor), for the bench models and SmolLM2-135M when installed (bench/sampler.py; section
+     `sampler`, only when named);
   8. step 3's actor forward + backward on answer groups, each prompt run once for its group against every row's
      full pass (bench/groups.py; tiny and the ~100M Llama), and the two's largest logit difference;
   9. only when asked (`--sections threads`, bench/threads.py): step 1's seconds per step quiet and beside a busy
@@ -225,7 +226,8 @@ def run_compile(args):
 
 def run_sampler(args):
     """Section 7: step 3's sampler against `generate`, for each model and shape (12 new tokens, as the tiny
-    recipe's answers), sampling both; and in the rows shape against greedy `generate` too."""
+    recipe's answers), sampling both; in the rows shape against greedy `generate` too; and in the groups shape
+    with the LoRA layers of step 3's actor (`--only_optimize_lora`)."""
     import gc
 
     from bench.sampler import SHAPES, measure_sampler, sampler_models
@@ -241,6 +243,10 @@ def run_sampler(args):
         print(f"step 3 sampler: {model}, rows, against greedy generate", flush=True)
         results[f"{model} rows vs greedy"] = measure_sampler(model, "rows", 12, dtype, args.repeats, args.warmup,
                                                              greedy_baseline=True)
+        gc.collect()
+        print(f"step 3 sampler: {model} with LoRA layers (step 3's actor), groups", flush=True)
+        results[f"{model} groups, LoRA"] = measure_sampler(model, "groups", 12, dtype, args.repeats, args.warmup,
+                                                           lora_dim=16)
         gc.collect()
     return results
 

@@ -8,7 +8,9 @@ shapes step 3's recipes sample:
 Prompts are the built-in task's held-out prompts in the model's format (its chat template when it has one);
 sampling at temperature 1 and top-p 1, as step 3 samples by default, up to `max_new_tokens` or EOS. Both sides
 draw from a fixed seed per batch; units are the answer tokens generated, up to and including the first EOS.
-Models: the bench's (`tiny`, `llama-100m`) and `smollm2-135m` (when its package is installed).
+Models: the bench's (`tiny`, `llama-100m`) and `smollm2-135m` (when its package is installed); with `lora_dim`,
+the model as step 3's actor holds it with `--only_optimize_lora`: LoRA layers on its decoder layers, their factors
+moved away from zero as training moves them.
 """
 import time
 
@@ -21,16 +23,26 @@ from inference.generation import load_causal_lm, tokenize_prompts
 from inference.sampling import sample
 from utils.data.data_utils import attention_mask_left, pad_left
 from utils.data.prompting import model_prompt
+from utils.model.lora import convert_linear_layer_to_lora
 from utils.trainer.ppo_trainer import answer_action_mask
 
 SHAPES = {"rows": (64, 1), "groups": (4, 8)}
 """shape name -> (distinct prompts, answers per prompt) of one rollout batch."""
 
 
-def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, batches=3, greedy_baseline=False):
+def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, batches=3, greedy_baseline=False,
+                    lora_dim=0):
     """Answer tokens/s of `sample` (ours, T = 1) and `generate` (baseline: sampling as ours, or greedy with
-    `greedy_baseline`, the cheapest decoding it has) over `batches` prompt batches, pair by pair."""
+    `greedy_baseline`, the cheapest decoding it has) over `batches` prompt batches, pair by pair; the model with
+    LoRA layers of rank `lora_dim` if it is not 0."""
     model, tokenizer = load_causal_lm(_model_path(model_name), dtype)
+    if lora_dim:
+        torch.manual_seed(0)
+        model = convert_linear_layer_to_lora(model, "layers.", lora_dim).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_left_weight" in name:
+                    param.normal_(0, 0.01)
     prompts_per_batch, group = SHAPES[shape]
     texts = [model_prompt(tokenizer, prompt) for prompt in heldout_set("builtin")[0]]
     prompt_batches = []
@@ -63,7 +75,7 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
         return run
 
     rates = paired_rates(runner(ours), runner(baseline), repeats, warmup, desc=f"sampler {model_name} {shape}")
-    rates.update(model=model_name, shape=shape, rows=prompts_per_batch * group, max_new_tokens=max_new_tokens,
+    rates.update(model=model_name + (f" with LoRA (rank {lora_dim})" if lora_dim else ""), shape=shape, rows=prompts_per_batch * group, max_new_tokens=max_new_tokens,
                  baseline_decoding="HF generate, greedy" if greedy_baseline else "HF generate, sampling",
                  dtype=dtype, prompt_len=max(input_ids.shape[1] for input_ids, _ in prompt_batches))
     return rates

@@ -7,17 +7,17 @@ classes in eval mode on a CPU (its linear layers plain or LoRA, no ZeRO-3 partit
     h = embed(tokens)
     for each layer:  x = rms(h);  q, k, v = x W_qkv;  q, k = rope(q), rope(k)  (cos, sin from the model's rotary_emb)
                      h = h + softmax(q K^T * scaling + mask) V W_o              (K, V: every column so far)
-                     x = rms(h);  g, u = x W_gate_up;  h = h + (act(g) * u) W_down
+                     x = rms(h);  h = h + (act(x W_gate) * x W_up) W_down
     logits = lm_head(rms(h))  (the last position only)
 
-with q, k and v one matmul and gate and up another (their weights concatenated once a rollout), each LoRA layer's
-factors folded into its weight once a rollout (W + scaling (R L)^T: one matmul a layer instead of three), the
-prompts' left padding left out of everything but attention (norms, projections and the MLP run on real tokens only),
-cos and sin looked up in a table of positions, keys and values written into buffers allocated for the whole answer
-(no cache growing by concatenation), and attention in float32: in bf16 the many small batched matmuls of attention
-are about twice as slow on a CPU, and PyTorch's fused attention kernel is slower still for a few queries a row;
-float32 is also what the softmax computes in. Anything else (another architecture, ZeRO-3, a GPU) gets None, and
-`sample` runs the model's own forward with a Hugging Face cache.
+with q, k and v one matmul (their weights concatenated once a rollout), each LoRA layer's factors folded into its
+weight once a rollout (W + scaling (R L)^T: one matmul a layer instead of three), the prompts' left padding left out
+of everything but attention (norms, projections and the MLP run on real tokens only), cos and sin looked up in a
+table of positions, keys and values written into buffers allocated for the whole answer (no cache growing by
+concatenation), and attention in float32: in bf16 the many small batched matmuls of attention are about twice as
+slow on a CPU, and PyTorch's fused attention kernel is slower still for a few queries a row; float32 is also what
+the softmax computes in. Anything else (another architecture, ZeRO-3, a GPU) gets None, and `sample` runs the
+model's own forward with a Hugging Face cache.
 In float32 the logits equal the forward's to rounding (tests/inference/test_llama_decoding.py).
 """
 import torch
@@ -111,7 +111,8 @@ class LlamaDecoder:
             attention, mlp = layer.self_attn, layer.mlp
             self.layers.append((layer.input_layernorm, _concat(attention.q_proj, attention.k_proj, attention.v_proj),
                                 effective_weight(attention.o_proj), attention.scaling, layer.post_attention_layernorm,
-                                _concat(mlp.gate_proj, mlp.up_proj), mlp.act_fn, effective_weight(mlp.down_proj)))
+                                effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj), mlp.act_fn,
+                                effective_weight(mlp.down_proj)))
         self.head = effective_weight(model.lm_head)
         self.keys = self.values = None  # per layer (B, kv_heads, capacity, head_dim), float32, from the first call
         self.length = 0  # the columns filled so far
@@ -183,7 +184,7 @@ class LlamaDecoder:
         cos, signed_sin = self._rotary(h, position_ids)
         width = (heads + 2 * kv_heads) * head_dim
         padded = None if packed is None else h.new_zeros(batch * new, width)  # rows of padding stay 0
-        for index, (norm1, qkv, out, scaling, norm2, gate_up, act, down) in enumerate(self.layers):
+        for index, (norm1, qkv, out, scaling, norm2, gate, up, act, down) in enumerate(self.layers):
             y = F.linear(_rms(h, norm1), *qkv)
             if packed is not None:
                 y = padded.index_copy_(0, packed, y)
@@ -200,8 +201,8 @@ class LlamaDecoder:
             if packed is not None:
                 attended = attended[packed]
             h = h + F.linear(attended.to(h.dtype), *out)
-            gate, up = F.linear(_rms(h, norm2), *gate_up).chunk(2, dim=-1)
-            h = h + F.linear(act(gate) * up, *down)
+            x = _rms(h, norm2)
+            h = h + F.linear(act(F.linear(x, *gate)) * F.linear(x, *up), *down)
         self.length = end
         last = h.view(batch, new, -1)[:, -1] if packed is None else h[real.sum(1).cumsum(0) - 1]
         return F.linear(_rms(last, inner.norm), *self.head)

@@ -141,3 +141,12 @@ def test_sampler_section_measures_both_sides_on_the_groups_shape(one_thread):
     for side in ("ours", "baseline"):
         assert len(result[side]["tokens"]) == 1 and 0 < result[side]["tokens"][0] < math.inf
     assert len(result["ratio"]) == 1 and result["ratio"][0] > 0
+
+
+def test_sampler_section_measures_a_lora_actor(one_thread):
+    """With lora_dim the model carries LoRA layers (step 3's actor): both sides still generate, and the row says so."""
+    from bench.sampler import measure_sampler
+
+    result = measure_sampler("tiny", "groups", 4, "fp32", repeats=1, warmup=0, batches=1, lora_dim=4)
+    assert result["model"] == "tiny with LoRA (rank 4)"
+    assert all(0 < result[side]["tokens"][0] < math.inf for side in ("ours", "baseline"))
