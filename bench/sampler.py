@@ -75,7 +75,8 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
         return run
 
     rates = paired_rates(runner(ours), runner(baseline), repeats, warmup, desc=f"sampler {model_name} {shape}")
-    rates.update(model=model_name + (f" with LoRA (rank {lora_dim})" if lora_dim else ""), shape=shape, rows=prompts_per_batch * group, max_new_tokens=max_new_tokens,
+    rates.update(model=model_name + (f" with LoRA (rank {lora_dim})" if lora_dim else ""), shape=shape,
+                 rows=prompts_per_batch * group, max_new_tokens=max_new_tokens,
                  baseline_decoding="HF generate, greedy" if greedy_baseline else "HF generate, sampling",
                  dtype=dtype, prompt_len=max(input_ids.shape[1] for input_ids, _ in prompt_batches))
     return rates

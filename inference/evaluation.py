@@ -158,9 +158,9 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
 
     tools: a utils.runtime.tool_format.ToolUse: the answers are multi-turn, with tool calls (inference/tool_rollout.py),
     scored on their final answer (the text after the last tool output); each decoding's scores add TOOL_FIGURES:
-    the score of answers from the same decoding without the tool ("all_without_tools", "reward_without_tools": one
-    answer a prompt, sampled ones too, as a measure of what the tool adds it need not be as precise), and how often
-    the tool was called and ran cleanly.
+    the score of answers from the same decoding without the tool ("all_without_tools", "reward_without_tools"; one
+    answer a prompt even when sampled: it only measures what the tool adds), and how often the tool was called and
+    ran cleanly.
 
     Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]},
     "answer_stats": {"sampled": stats, "greedy": stats}}}, where scores is the checker's summary (or {} without a
