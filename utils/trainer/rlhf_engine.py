@@ -24,9 +24,9 @@ def use_native_generate():
     on every device: on a CPU they have no kernels, and on CUDA their injected layers keep the legacy tuple cache
     that transformers 5's decoder layers replaced by Cache objects (DeepSpeed itself already leaves OPT out for this;
     on an H100 its Llama container failed on our LoRA layers, and it gives the kernel no count of key-value heads,
-    which grouped-query models such as SmolLM2 have fewer of than query heads: docs/gpu.md). What the hybrid
-    engine still does: under ZeRO-3 it gathers the parameters once per generation rather than layer by layer at
-    every token (LoRA factors stay unfused)."""
+    which grouped-query models such as SmolLM2 have fewer of than query heads: docs/gpu.md). So under ZeRO-3 the
+    hybrid engine gathers nothing ahead of a generation: the forward's hooks fetch each layer's parameters at every
+    token, as without it (on an H100, 35 tokens/s: docs/gpu.md)."""
     from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 
     DeepSpeedHybridEngine.populate_all_inference_policies = _no_inference_policies
