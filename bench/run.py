@@ -227,7 +227,8 @@ def run_compile(args):
 def run_sampler(args):
     """Section 7: step 3's sampler against `generate`, for each model and shape (12 new tokens, as the tiny
     recipe's answers), sampling both; in the rows shape against greedy `generate` too; and in the groups shape
-    with the LoRA layers of step 3's actor (`--only_optimize_lora`)."""
+    with the LoRA layers of step 3's actor (`--only_optimize_lora`); and our sampler at ZeRO-3, the parameters
+    gathered whole (the hybrid engine's actor) against partitioned."""
     import gc
 
     from bench.sampler import SHAPES, measure_sampler, sampler_models
@@ -247,6 +248,10 @@ def run_sampler(args):
         print(f"step 3 sampler: {model} with LoRA layers (step 3's actor), groups", flush=True)
         results[f"{model} groups, LoRA"] = measure_sampler(model, "groups", 12, dtype, args.repeats, args.warmup,
                                                            lora_dim=16)
+        gc.collect()
+        print(f"step 3 sampler: {model} at ZeRO-3, gathered whole against partitioned, groups", flush=True)
+        results[f"{model} groups, ZeRO-3"] = measure_sampler(model, "groups", 12, dtype, args.repeats,
+                                                             args.warmup, zero3=True)
         gc.collect()
     return results
 

@@ -10,8 +10,11 @@ sampling at temperature 1 and top-p 1, as step 3 samples by default, up to `max_
 draw from a fixed seed per batch; units are the answer tokens generated, up to and including the first EOS.
 Models: the bench's (`tiny`, `llama-100m`) and `smollm2-135m` (when its package is installed); with `lora_dim`,
 the model as step 3's actor holds it with `--only_optimize_lora`: LoRA layers on its decoder layers, their factors
-moved away from zero as training moves them.
+moved away from zero as training moves them. With `zero3`, the model is partitioned by ZeRO-3 (a world of one) and
+the baseline is our sampler on it as it is (ZeRO-3's hooks fetch each layer's parameters at every token), against
+the same sampler with the parameters gathered whole for the call, as the hybrid engine's actor generates.
 """
+import contextlib
 import time
 
 import torch
@@ -24,17 +27,20 @@ from inference.sampling import sample
 from utils.data.data_utils import attention_mask_left, pad_left
 from utils.data.prompting import model_prompt
 from utils.model.lora import convert_linear_layer_to_lora
+from utils.runtime.ds_utils import get_eval_ds_config
 from utils.trainer.ppo_trainer import answer_action_mask
+from utils.trainer.rlhf_engine import gathered_whole
 
 SHAPES = {"rows": (64, 1), "groups": (4, 8)}
 """shape name -> (distinct prompts, answers per prompt) of one rollout batch."""
 
 
 def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, batches=3, greedy_baseline=False,
-                    lora_dim=0):
+                    lora_dim=0, zero3=False):
     """Answer tokens/s of `sample` (ours, T = 1) and `generate` (baseline: sampling as ours, or greedy with
     `greedy_baseline`, the cheapest decoding it has) over `batches` prompt batches, pair by pair; the model with
-    LoRA layers of rank `lora_dim` if it is not 0."""
+    LoRA layers of rank `lora_dim` if it is not 0; with `zero3` (the module docstring) ours gathered against ours
+    partitioned."""
     model, tokenizer = load_causal_lm(_model_path(model_name), dtype)
     if lora_dim:
         torch.manual_seed(0)
@@ -43,6 +49,12 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
             for name, param in model.named_parameters():
                 if "lora_left_weight" in name:
                     param.normal_(0, 0.01)
+    if zero3:
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=model, config=get_eval_ds_config(micro_batch_size=1, world_size=1,
+                                                                                 dtype=dtype, stage=3))
+        model = engine.module
     prompts_per_batch, group = SHAPES[shape]
     texts = [model_prompt(tokenizer, prompt) for prompt in heldout_set("builtin")[0]]
     prompt_batches = []
@@ -53,9 +65,12 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
 
     def ours(input_ids, attention_mask):
-        return sample(model, input_ids, attention_mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+        with gathered_whole(model) if zero3 else contextlib.nullcontext():
+            return sample(model, input_ids, attention_mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
 
     def baseline(input_ids, attention_mask):
+        if zero3:
+            return sample(model, input_ids, attention_mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                               use_cache=True, eos_token_id=eos, pad_token_id=pad,
                               **(dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy_baseline
@@ -75,9 +90,11 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
         return run
 
     rates = paired_rates(runner(ours), runner(baseline), repeats, warmup, desc=f"sampler {model_name} {shape}")
-    rates.update(model=model_name + (f" with LoRA (rank {lora_dim})" if lora_dim else ""), shape=shape,
-                 rows=prompts_per_batch * group, max_new_tokens=max_new_tokens,
-                 baseline_decoding="HF generate, greedy" if greedy_baseline else "HF generate, sampling",
+    baseline_decoding = ("ours, ZeRO-3 partitioned" if zero3 else "HF generate, greedy" if greedy_baseline
+                         else "HF generate, sampling")
+    rates.update(model=model_name + (f" with LoRA (rank {lora_dim})" if lora_dim else "")
+                 + (", ZeRO-3 gathered" if zero3 else ""), shape=shape,
+                 rows=prompts_per_batch * group, max_new_tokens=max_new_tokens, baseline_decoding=baseline_decoding,
                  dtype=dtype, prompt_len=max(input_ids.shape[1] for input_ids, _ in prompt_batches))
     return rates
 

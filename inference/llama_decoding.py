@@ -48,13 +48,15 @@ def llama_decoder(model, rows, capacity):
 
 def _plain_llama(model):
     """Whether `model` is transformers' own Llama (these exact classes, not a subclass or remote code with the same
-    names), with linear layers plain or LoRA and parameters in place (not ZeRO-3's, gathered by hooks)."""
+    names), with linear layers plain or LoRA and parameters in place: ZeRO-3's only while gathered whole (not
+    partitioned, for its hooks to fetch at each forward)."""
     if type(model) is not llama.LlamaForCausalLM or type(model.lm_head) not in LINEARS:
         return False
-    if any(hasattr(param, "ds_id") for param in model.parameters()):
+    if any(hasattr(param, "ds_id") and param.numel() != getattr(param, "ds_numel", -1) for param in model.parameters()):
         return False
     inner = model.model
     if type(inner) is not llama.LlamaModel or type(inner.norm) is not llama.LlamaRMSNorm \
+            or type(inner.embed_tokens) is not nn.Embedding or inner.embed_tokens.max_norm is not None \
             or not 0 < len(inner.layers) == model.config.num_hidden_layers:
         return False
     for layer in inner.layers:
@@ -77,6 +79,13 @@ def _concat(*linears):
         return weight, None
     return weight, torch.cat([bias if bias is not None else weight.new_zeros(part.shape[0])
                               for part, bias in zip(weights, biases)])
+
+
+def _embed(embedding, ids):
+    """The rows of `embedding`'s table for `ids`, read from the table itself: calling the module would run ZeRO-3's
+    hooks, which partition again what step 3 gathered for the generation (the output layer's weight too, where it
+    is the same tensor)."""
+    return F.embedding(ids, embedding.weight)
 
 
 def _rms(x, norm):
@@ -180,7 +189,7 @@ class LlamaDecoder:
                 packed = real.flatten().nonzero().squeeze(1)
 
         inner = self.model.model
-        h = inner.embed_tokens(input_ids.flatten() if packed is None else input_ids.flatten()[packed])
+        h = _embed(inner.embed_tokens, input_ids.flatten() if packed is None else input_ids.flatten()[packed])
         cos, signed_sin = self._rotary(h, position_ids)
         width = (heads + 2 * kv_heads) * head_dim
         padded = None if packed is None else h.new_zeros(batch * new, width)  # rows of padding stay 0

@@ -150,3 +150,13 @@ def test_sampler_section_measures_a_lora_actor(one_thread):
     result = measure_sampler("tiny", "groups", 4, "fp32", repeats=1, warmup=0, batches=1, lora_dim=4)
     assert result["model"] == "tiny with LoRA (rank 4)"
     assert all(0 < result[side]["tokens"][0] < math.inf for side in ("ours", "baseline"))
+
+
+def test_sampler_section_measures_a_zero3_actor_gathered_against_partitioned(one_thread, distributed):
+    """With zero3 the model is partitioned by ZeRO-3: our sampler on it as it is (the baseline) and gathered whole
+    (ours) both generate, and the row says which is which."""
+    from bench.sampler import measure_sampler
+
+    result = measure_sampler("tiny", "groups", 4, "fp32", repeats=1, warmup=0, batches=1, zero3=True)
+    assert result["model"] == "tiny, ZeRO-3 gathered" and result["baseline_decoding"] == "ours, ZeRO-3 partitioned"
+    assert all(0 < result[side]["tokens"][0] < math.inf for side in ("ours", "baseline"))

@@ -123,7 +123,10 @@ def test_only_a_plain_llama_in_eval_mode_gets_the_decoder():
     assert isinstance(llama_decoder(llama(), 5, 8), LlamaDecoder)
     assert llama_decoder(llama().train(), 5, 8) is None  # dropout would apply
     zero3 = llama()
-    next(zero3.parameters()).ds_id = 0  # as ZeRO-3 marks the parameters it partitions
+    param = next(zero3.parameters())
+    param.ds_id, param.ds_numel = 0, param.numel()  # as ZeRO-3 marks its parameters: here gathered whole
+    assert isinstance(llama_decoder(zero3, 5, 8), LlamaDecoder)
+    param.ds_numel += 1  # partitioned: its hooks must fetch it at each forward
     assert llama_decoder(zero3, 5, 8) is None
     assert llama_decoder(llama(), 10 ** 6, 10 ** 4) is None  # buffers past MAX_BUFFER_BYTES
     torch.manual_seed(0)

@@ -7,6 +7,7 @@ import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.logits_process import TopPLogitsWarper
 
+from inference import llama_decoding
 from inference.generation import NEUTRAL_PROCESSORS, tokenize_prompts
 from inference.sampling import (nucleus_filter, sample, sample_tokens, shared_prefix_length, split_shared_prefix,
                                 supports_native_sampling)
@@ -140,12 +141,14 @@ def test_rollout_logprobs_equal_a_training_forward_pass(varied, temperature, top
     check_logprobs(*varied, temperature, top_p)
 
 
-def test_a_group_of_answers_to_one_prompt_runs_the_prompt_once(varied):
+def test_a_group_of_answers_to_one_prompt_runs_the_prompt_once(varied, monkeypatch):
     """Rows of one prompt (step 3's --num_samples_per_prompt): the prompt runs for one row of each group, and the
     answers' log-probs still equal a training pass's."""
     model, tokenizer = varied
     batches = []  # the token batches embedded: (rows, tokens) of a forward pass, (tokens,) of the Llama decoder
     hook = model.get_input_embeddings().register_forward_pre_hook(lambda module, args: batches.append(args[0].shape))
+    embed = llama_decoding._embed  # the Llama decoder reads the table without calling the module
+    monkeypatch.setattr(llama_decoding, "_embed", lambda table, ids: batches.append(ids.shape) or embed(table, ids))
     try:
         answers = check_logprobs(model, tokenizer, temperature=1.0, top_p=1.0, group=4)
     finally:

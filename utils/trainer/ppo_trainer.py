@@ -39,6 +39,7 @@ from utils.runtime.errors import ConfigError
 from utils.runtime.tool_format import tool_use
 from utils.trainer.frozen import moving_average
 from utils.trainer.monitor import peak_memory
+from utils.trainer.rlhf_engine import gathered_for_generation
 
 
 class PPOTrainer:
@@ -76,10 +77,11 @@ class PPOTrainer:
         `inference.sampling.sample` (same distribution and layout, faster), `hf` with Hugging Face `generate`."""
         args = self.args
         if args.generation_backend == "native" and supports_native_sampling(self.actor.module):
-            return sample(self.actor.module, prompts, prompt_mask, args.max_answer_seq_len, args.temperature,
-                          args.top_p, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                          synced=self.zero3_generation)
-        with torch.no_grad():
+            with gathered_for_generation(self.actor):
+                return sample(self.actor.module, prompts, prompt_mask, args.max_answer_seq_len, args.temperature,
+                              args.top_p, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+                              synced=self.zero3_generation)
+        with torch.no_grad(), gathered_for_generation(self.actor):
             seq = self.actor.module.generate(
                 input_ids=prompts, attention_mask=prompt_mask, max_new_tokens=args.max_answer_seq_len,
                 do_sample=True, temperature=args.temperature, top_p=args.top_p,
@@ -188,9 +190,10 @@ class PPOTrainer:
         if not supports_native_sampling(self.actor.module):
             raise ConfigError("--tools needs an actor the native sampler can drive (its forward takes position ids "
                               "and a cache object)")
-        return tool_rollout(self.actor.module, self.tokenizer, prompts, prompt_mask, args.max_answer_seq_len,
-                            tools.run, tools.format, tools.max_calls, tools.timeout, args.temperature, args.top_p,
-                            self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+        with gathered_for_generation(self.actor):
+            return tool_rollout(self.actor.module, self.tokenizer, prompts, prompt_mask, args.max_answer_seq_len,
+                                tools.run, tools.format, tools.max_calls, tools.timeout, args.temperature,
+                                args.top_p, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
 
     def score(self, seq, attention_mask, action_mask, prompt_len, prompt_texts):
         """(end scores, stats, base rates), each (B,) but stats: the reward model's score times
@@ -400,10 +403,12 @@ class PPOTrainer:
         answer's score, distinct answers, the most frequent one's share, answers cut at the limit)."""
         args = self.args
         self.actor.eval()
-        results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,
-                                  max_new_tokens=args.max_answer_seq_len, temperature=args.temperature,
-                                  top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts, checker=checker,
-                                  batch_size=max(rollouts_per_batch(args), BATCH_SIZE), tools=self.tools)
+        with gathered_for_generation(self.actor):
+            results = evaluate_models({"actor": (self.actor.module, self.tokenizer)}, prompts,
+                                      max_new_tokens=args.max_answer_seq_len, temperature=args.temperature,
+                                      top_p=args.top_p, seed=args.seed, reward_fn=self.score_texts,
+                                      checker=checker, batch_size=max(rollouts_per_batch(args), BATCH_SIZE),
+                                      tools=self.tools)
         self.actor.train()
         stats = results["actor"]["answer_stats"]
         return {decoding: {**results["actor"][decoding], **answer_scalars(stats[decoding])} for decoding in DECODINGS}

@@ -10,6 +10,8 @@
 Frozen models are built by utils.trainer.frozen (ZeRO-3 when the trained model they shadow is, or offloaded).
 Every model is built with dropout off unless asked, so experience and training see the same function.
 """
+import contextlib
+
 from utils.model.model_utils import create_hf_model
 from utils.model.reward_model import RewardModel
 from utils.rl.estimators import uses_critic
@@ -24,9 +26,9 @@ def use_native_generate():
     on every device: on a CPU they have no kernels, and on CUDA their injected layers keep the legacy tuple cache
     that transformers 5's decoder layers replaced by Cache objects (DeepSpeed itself already leaves OPT out for this;
     on an H100 its Llama container failed on our LoRA layers, and it gives the kernel no count of key-value heads,
-    which grouped-query models such as SmolLM2 have fewer of than query heads: docs/gpu.md). So under ZeRO-3 the
-    hybrid engine gathers nothing ahead of a generation: the forward's hooks fetch each layer's parameters at every
-    token, as without it (on an H100, 35 tokens/s: docs/gpu.md)."""
+    which grouped-query models such as SmolLM2 have fewer of than query heads: docs/gpu.md). What the hybrid
+    engine still does under ZeRO-3, DeepSpeed's gather of every layer for a whole generation, is
+    `gathered_for_generation`."""
     from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 
     DeepSpeedHybridEngine.populate_all_inference_policies = _no_inference_policies
@@ -34,6 +36,31 @@ def use_native_generate():
 
 def _no_inference_policies(hybrid_engine):
     hybrid_engine.inference_policies = {}
+
+
+@contextlib.contextmanager
+def gathered_for_generation(engine):
+    """With --enable_hybrid_engine under ZeRO-3, the actor's parameters gathered whole once for a generation (its
+    memory for its speed: DeepSpeed's hybrid engine gathers every layer the same way), partitioned again after;
+    so the sampler's Llama decoder (CPUs) decodes with them in place, with no ZeRO-3 hook at any token, rather than
+    fetching each layer at every token. A module's own forward still runs its hooks, which partition the module
+    again (the model's forward on a GPU, other models): there the gather saves nothing (docs/performance.md,
+    round eight). Otherwise nothing."""
+    from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
+
+    if not (isinstance(engine, DeepSpeedHybridEngine) and engine.zero_optimization_stage() == 3):
+        yield
+        return
+    with gathered_whole(engine.module):
+        yield
+
+
+def gathered_whole(module):
+    """A context in which every ZeRO-3 parameter of `module` is gathered whole on every rank, partitioned again
+    after (without writing back: nothing may change them)."""
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(module.parameters()))
 
 
 class DeepSpeedRLHFEngine:

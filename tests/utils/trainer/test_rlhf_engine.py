@@ -13,6 +13,7 @@ from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from inference.llama_decoding import llama_decoder
 from inference.sampling import sample
 from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import DataCollatorRLHF
@@ -20,7 +21,7 @@ from utils.model.lora import LinearLayerLoRA
 from utils.runtime.ds_utils import resolve_dtype
 from utils.trainer.frozen import moving_average
 from utils.trainer.ppo_trainer import PPOTrainer
-from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
+from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine, gathered_for_generation
 
 
 def make_args(model_dirs, *extra):
@@ -105,6 +106,15 @@ def test_engine_at_each_zero_stage_generates_as_plain_hf(distributed, step3_mode
     native = sample(engine.actor.module, prompts, mask, 8, temperature=1e-4, eos_token_id=tiny_tokenizer.eos_token_id,
                     pad_token_id=tiny_tokenizer.pad_token_id)
     assert torch.equal(native, expected)
+    # The hybrid engine at ZeRO-3 gathers the actor whole for a generation, so the Llama decoder runs on it (no
+    # hook at any token), then partitions it again; elsewhere the context changes nothing.
+    with gathered_for_generation(engine.actor):
+        decodable = llama_decoder(engine.actor.module, 3, 24) is not None
+        gathered = sample(engine.actor.module, prompts, mask, 8, temperature=1e-4,
+                          eos_token_id=tiny_tokenizer.eos_token_id, pad_token_id=tiny_tokenizer.pad_token_id)
+    assert decodable == (stage != 3 or hybrid)
+    assert torch.equal(gathered, expected)
+    assert bool(partitioned(engine.actor.module)) == (stage == 3)
 
 
 def snapshot(module):
