@@ -39,7 +39,9 @@ def _stop(metrics):
     stopped = metrics.get("stopped")
     if not stopped:
         return "budget"
-    return "time" if "max_train_minutes" in stopped["reason"] else "eval loss"
+    reason = stopped["reason"]
+    return ("time" if "max_train_minutes" in reason else "idle" if "stop_after_idle_rounds" in reason
+            else "eval loss")
 
 
 def _wall_time(folder):

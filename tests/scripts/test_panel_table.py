@@ -34,6 +34,11 @@ def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
               rl_stop={"step": 31, "reason": "--max_train_minutes 10 is spent"})
     write_run(tmp_path / "lcm-1", {"sampled": {"all": 0.15}, "greedy": {"all": 0.45}},
               {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)})
+    write_run(tmp_path / "letters-1", {"sampled": {"all": 0.15}, "greedy": {"all": 0.45}},
+              {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)},
+              rl_stop={"step": 20, "reason": "5 rounds in a row found no group whose answers' scores differ: every "
+                                             "prompt is answered alike (--stop_after_idle_rounds 5)"})
+    assert "| 20 (idle) |" in table([tmp_path / "letters-1"], "Idle")
     text = table([tmp_path / "gcd-1", tmp_path / "count-1", tmp_path / "lcm-1"], "Panel")
     assert text.startswith("### Panel") and "`python train.py --algorithm grpo`" in text and "commit:" in text
     (tmp_path / "gcd-1" / "base-evaluation.json").write_text(json.dumps(
