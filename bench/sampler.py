@@ -64,13 +64,16 @@ def measure_sampler(model_name, shape, max_new_tokens, dtype, repeats, warmup, b
         prompt_batches.append((pad_left(rows, tokenizer.pad_token_id), attention_mask_left(rows)))
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
 
+    def sampled(input_ids, attention_mask):
+        return sample(model, input_ids, attention_mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+
     def ours(input_ids, attention_mask):
         with gathered_whole(model) if zero3 else contextlib.nullcontext():
-            return sample(model, input_ids, attention_mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+            return sampled(input_ids, attention_mask)
 
     def baseline(input_ids, attention_mask):
         if zero3:
-            return sample(model, input_ids, attention_mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+            return sampled(input_ids, attention_mask)
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                               use_cache=True, eos_token_id=eos, pad_token_id=pad,
                               **(dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy_baseline

@@ -52,7 +52,7 @@ def _plain_llama(model):
     partitioned, for its hooks to fetch at each forward)."""
     if type(model) is not llama.LlamaForCausalLM or type(model.lm_head) not in LINEARS:
         return False
-    if any(hasattr(param, "ds_id") and param.numel() != getattr(param, "ds_numel", -1) for param in model.parameters()):
+    if any(hasattr(param, "ds_id") and param.numel() != param.ds_numel for param in model.parameters()):
         return False
     inner = model.model
     if type(inner) is not llama.LlamaModel or type(inner.norm) is not llama.LlamaRMSNorm \

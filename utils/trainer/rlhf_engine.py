@@ -45,7 +45,7 @@ def gathered_for_generation(engine):
     so the sampler's Llama decoder (CPUs) decodes with them in place, with no ZeRO-3 hook at any token, rather than
     fetching each layer at every token. A module's own forward still runs its hooks, which partition the module
     again (the model's forward on a GPU, other models): there the gather saves nothing (docs/performance.md,
-    round eight). Otherwise nothing."""
+    round eight), and Hugging Face `generate` (--generation_backend hf) is never given it. Otherwise nothing."""
     from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 
     if not (isinstance(engine, DeepSpeedHybridEngine) and engine.zero_optimization_stage() == 3):
