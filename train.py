@@ -71,6 +71,11 @@ def build_parser():
                              "(inference/sample_pairs.py, into <output-dir>/sampled-pairs/<actor>/, run as the "
                              "first stage of step 2). Default for --algorithm dpo: the data's checker where it has "
                              "one (none: the data set's own pairs).")
+    parser.add_argument("--answer-filter", default=None, metavar="FN",
+                        help="Steps 1 and 2 train only on the data's rows whose chosen answer the reward function "
+                             "FN gives full marks (and, in pairs, whose rejected answer it scores lower): their "
+                             "--answer_filter_fn. Default for --algorithm orpo: the data's checker where it has one "
+                             "(none: every row).")
     parser.add_argument("--pair-samples", type=int, default=None,
                         help="--pair-judge: answers sampled per prompt, the best and worst of which make a pair "
                              "(default: the recipe's, else 4).")
@@ -175,7 +180,8 @@ def parse_args(argv=None):
         print(f"--algorithm {args.algorithm} takes {shlex.join(defaults)} by default on data with a checker (the "
               f"best measured recipe); {defaults[0]} none opts out", flush=True)
         args = parser.parse_args([*defaults, *argv])  # the user's own flags come after, so they win
-    args.pair_judge, args.reward_fn = (None if spec == "none" else spec for spec in (args.pair_judge, args.reward_fn))
+    args.pair_judge, args.reward_fn, args.answer_filter = (None if spec == "none" else spec for spec in
+                                                           (args.pair_judge, args.reward_fn, args.answer_filter))
     args.pair_rounds = 1 if args.pair_rounds is None else args.pair_rounds
     args.step = sorted(set(args.step))
     check_args(args)
@@ -189,7 +195,8 @@ def parse_args(argv=None):
     if not data_set_by_step:  # else the steps' own data decides what reasoning_gym scores
         from utils.rl.reward_fns import check_reward_fn  # loads datasets: --help and flag errors answer first
 
-        for flag, spec in (("--reward-fn", args.reward_fn), ("--pair-judge", args.pair_judge)):
+        for flag, spec in (("--reward-fn", args.reward_fn), ("--pair-judge", args.pair_judge),
+                           ("--answer-filter", args.answer_filter)):
             if spec:
                 check_reward_fn(spec, args.data_path, flag)
     return args

@@ -72,18 +72,20 @@ def _step3_flags(args, dirs, out):
 def _preference_flags(args, dirs, out):
     """A step-2 stage that trains the actor on preferences (DPO, KTO, ORPO): it starts from the step-1 actor (the
     base model where step 1 does not run), at the actor's ZeRO stage."""
-    return {"--model_name_or_path": dirs["sft"], "--zero_stage": args.actor_zero_stage, "--output_dir": out}
+    return {"--model_name_or_path": dirs["sft"], "--zero_stage": args.actor_zero_stage, "--output_dir": out,
+            "--answer_filter_fn": args.answer_filter}
 
 
 STAGES = {
     "sft": Stage(1, "step1_supervised_finetuning", "actor-models", "actor", (1,), lambda args, dirs, out: {
-        "--model_name_or_path": args.actor_model, "--zero_stage": args.actor_zero_stage, "--output_dir": out}),
+        "--model_name_or_path": args.actor_model, "--zero_stage": args.actor_zero_stage, "--output_dir": out,
+        "--answer_filter_fn": args.answer_filter}),
     "pairs": Stage(2, "", "sampled-pairs", "", ("pairs",), _pairs_flags, script="inference/sample_pairs.py",
                    repeats="first"),
     # --reward-from-sft: the reward model starts from the step-1 actor's weights, as InstructGPT's does.
     "reward": Stage(2, "step2_reward_model_finetuning", "reward-models", "reward", (2,), lambda args, dirs, out: {
         "--model_name_or_path": dirs["sft"] if args.reward_from_sft else args.reward_model,
-        "--zero_stage": args.reward_zero_stage, "--output_dir": out}),
+        "--zero_stage": args.reward_zero_stage, "--output_dir": out, "--answer_filter_fn": args.answer_filter}),
     "dpo": Stage(2, "step2_dpo_finetuning", "dpo-models", "actor", ("dpo",), _preference_flags,
                  pairs_recipes=("dpo_pairs",), repeats="last"),
     "kto": Stage(2, "step2_kto_finetuning", "kto-models", "actor", ("kto",), _preference_flags),
@@ -148,10 +150,11 @@ def data_checker(data_paths):
 
 
 def checker_defaults(args, data_set_by_step):
-    """The flags --algorithm takes by default (its `with_checker`) where neither --pair-judge nor --reward-fn is
-    given and the data has a checker (not where a --stepN-args sets a step's data); [] otherwise."""
+    """The flags --algorithm takes by default (its `with_checker`) where none of --pair-judge, --reward-fn and
+    --answer-filter is given and the data has a checker (not where a --stepN-args sets a step's data); []
+    otherwise."""
     row = ALGORITHMS[args.algorithm]
-    if not row.with_checker or args.pair_judge or args.reward_fn or data_set_by_step:
+    if not row.with_checker or args.pair_judge or args.reward_fn or args.answer_filter or data_set_by_step:
         return []
     checker = data_checker(args.data_path)
     return [flag.format(checker=checker) for flag in row.with_checker] if checker else []

@@ -255,6 +255,43 @@ def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
     return {"prompt_ids": fitted[1], "prompt": fitted[0]}
 
 
+FULL_MARKS = 1.0
+"""The score of a right answer on the reward-function scale (utils/rl/reward_fns.py: checkers score in [0, 1])."""
+JUDGE_BATCH = 4096
+"""Answers scored in one call of a judge."""
+
+
+def judged_rows(raw, rows, judge, counter, with_rejected):
+    """`rows` less those whose chosen answer `judge` scores below FULL_MARKS and, `with_rejected`, those whose
+    rejected answer it scores as high as the chosen one; each left-out row counted in `counter` by reason. Rows
+    without a prompt or an answer are kept for build_samples to count. A data set whose chosen answers are partly
+    wrong (the built-in task's: right 70% of the time) then teaches only right ones."""
+    judged = []  # (row index, prompt, chosen, rejected or None)
+    for index, row in enumerate(rows):
+        prompt, chosen = raw.get_prompt(row), raw.get_chosen(row)
+        rejected = raw.get_rejected(row) if with_rejected else None
+        if prompt is not None and chosen is not None:
+            judged.append((index, prompt, chosen, rejected))
+    prompts, answers = [], []
+    for _, prompt, chosen, rejected in judged:
+        prompts += [prompt] * (1 if rejected is None else 2)
+        answers += [chosen] if rejected is None else [chosen, rejected]
+    scores = [float(score) for start in range(0, len(answers), JUDGE_BATCH)
+              for score in judge(prompts[start:start + JUDGE_BATCH], answers[start:start + JUDGE_BATCH])]
+    dropped, position = set(), 0
+    for index, _, _, rejected in judged:
+        chosen_score = scores[position]
+        rejected_score = None if rejected is None else scores[position + 1]
+        position += 1 if rejected is None else 2
+        if chosen_score < FULL_MARKS:
+            counter.skip("chosen answer below full marks (--answer_filter_fn)")
+            dropped.add(index)
+        elif rejected_score is not None and rejected_score >= chosen_score:
+            counter.skip("rejected answer scored as high as the chosen (--answer_filter_fn)")
+            dropped.add(index)
+    return rows.select([index for index in range(len(rows)) if index not in dropped]) if dropped else rows
+
+
 def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpaired=False):
     samples = []
     for row in rows:
@@ -471,10 +508,11 @@ class ListDataset(torch.utils.data.Dataset):
 
 
 def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed, tokenizer, max_seq_len,
-                          unpaired=False, columns=None):
+                          unpaired=False, columns=None, judge=None):
     """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths` (their columns renamed by
     `columns`: get_raw_dataset), shuffled together; with `unpaired`, KTO's labelled answers from the phase's rows
-    instead (feedback_samples).
+    instead (feedback_samples); with `judge` (scores(prompts, answers) -> numbers), only the rows it passes
+    (judged_rows).
 
     `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3 (None: no bound). Each dataset
     carries the `counts` of both splits: rows read, samples kept, rows skipped by reason (data_metrics)."""
@@ -491,8 +529,10 @@ def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed
             part = split_part_indices(output_path, raw.clean_name, seed, split_name, data_split, train_phase - 1,
                                       len(rows))
             rows_in_part, rows_in_all = rows_in_part + len(part), rows_in_all + len(rows)
-            samples += build_samples(raw, rows.select(part.tolist()), train_phase, tokenizer, max_seq_len,
-                                     counter, unpaired)
+            rows = rows.select(part.tolist())
+            if judge is not None and train_phase != 3:
+                rows = judged_rows(raw, rows, judge, counter, with_rejected=train_phase == 2 or unpaired)
+            samples += build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpaired)
         print_rank_0(counter.report())
         if not samples:
             why = ("see the skipped counts above" if rows_in_part else

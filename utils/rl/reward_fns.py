@@ -130,11 +130,14 @@ def _import_function(spec, flag="--reward_fn"):
     return function
 
 
-def load_reward_fn(spec, args=None):
-    """The reward function `spec` names (see the module's docstring); ConfigError naming it if there is none."""
+def load_reward_fn(spec, args=None, flag="--reward_fn"):
+    """The reward function `spec` names (see the module's docstring); ConfigError naming it and `flag`, the flag
+    that gave it, if there is none."""
+    if spec in GYM_REWARD_FNS:
+        _one_gym_spec(getattr(args, "data_path", None), flag, spec)
     if spec in REWARD_FNS:
         return REWARD_FNS[spec](args)
-    return _import_function(spec)
+    return _import_function(spec, flag)
 
 
 def check_reward_fn(spec, data_paths, flag):
@@ -190,12 +193,12 @@ class _NotANumber(Exception):
     """A value of a reward function's result that is not a number (what is wrong, for the error line)."""
 
 
-def call_reward_fn(reward_fn, name, prompts, answers):
+def call_reward_fn(reward_fn, name, prompts, answers, flag="--reward_fn"):
     """reward_fn(prompts, answers) as a float32 tensor (B,), checked: ChatRLHFError naming the function (`name`,
-    as given to --reward_fn) if it raises, does not return (its result drawn to the end) within
+    as given to `flag`) if it raises, does not return (its result drawn to the end) within
     reward_fn_timeout() seconds, returns something other than one number per answer, or a value that is not
     finite in float32 (1e39 is a finite Python float, and inf in float32)."""
-    what = f"the reward function --reward_fn {name}"
+    what = f"the reward function {flag} {name}"
     prompts, answers = list(prompts), list(answers)
     timeout = reward_fn_timeout()
     stop = threading.Event()

@@ -44,6 +44,11 @@ def add_data_args(parser, default_max_seq_len=256, data_path_nargs="*"):
                        help="Where the shuffled split indices are cached (a local, non-shared folder).")
     if default_max_seq_len is not None:  # step 3 has --max_prompt_seq_len and --max_answer_seq_len instead
         add_max_seq_len_arg(group, default_max_seq_len)
+        group.add_argument("--answer_filter_fn", default=None, metavar="FN",
+                           help="Train only on the rows whose chosen answer this reward function (as --reward_fn "
+                                "names them: builtin, reasoning_gym, module:function...) gives full marks (1), "
+                                "and, for pairs, whose rejected answer it scores lower; the rest are skipped and "
+                                "counted. For data whose chosen answers are partly wrong and a checker at hand.")
     group.add_argument("--max_auto_len", type=int, default=None,
                        help="The most tokens a length flag's auto may take: a bound of memory and time (default: "
                             "the model's context as its tokenizer states it).")

@@ -9,6 +9,7 @@ from utils.data.data_utils import create_prompt_dataset, data_bound, data_metric
 from utils.model.model_utils import count_parameters, load_tokenizer
 from utils.model.card import model_card
 from utils.model.save import save_engine_model
+from utils.rl.reward_fns import call_reward_fn, load_reward_fn
 from utils.runtime.args import column_keys, training_flags
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.progress import eval_batches, progress
@@ -22,17 +23,31 @@ def step_data(args, phase, inputs, unpaired=False):
     """(tokenizer, train_dataset, eval_dataset) of a step: --output_dir claimed for this run (`inputs`: {flag:
     folder} of the models it reads; the tokenizer is --model_name_or_path's), and phase `phase` of --data_split
     tokenized within --max_seq_len (`auto`: a percentile of the sample lengths, measured once the data is built
-    unbounded, then built again within it); `unpaired`: as KTO's labelled answers. The datasets carry their
-    rows read and kept (`counts`)."""
+    unbounded, then built again within it); `unpaired`: as KTO's labelled answers; with --answer_filter_fn,
+    only the rows whose chosen answers it gives full marks (judged_rows). The datasets carry their rows read and
+    kept (`counts`)."""
     claim_output_dir(args, inputs=inputs)
     tokenizer = load_tokenizer(inputs["--model_name_or_path"], args.trust_remote_code)
+    judge = answer_judge(args)
     def build(max_seq_len):
         return create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, phase, args.seed,
-                                     tokenizer, max_seq_len, unpaired=unpaired, columns=column_keys(args))
+                                     tokenizer, max_seq_len, unpaired=unpaired, columns=column_keys(args),
+                                     judge=judge)
 
     train_dataset, eval_dataset = build(data_bound(args.max_seq_len))
     fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset, rebuild=build)
     return tokenizer, train_dataset, eval_dataset
+
+
+def answer_judge(args):
+    """--answer_filter_fn's reward function as scores(prompts, answers), each call checked (call_reward_fn);
+    None without the flag."""
+    spec = getattr(args, "answer_filter_fn", None)
+    if not spec:
+        return None
+    flag = "--answer_filter_fn"
+    reward_fn = load_reward_fn(spec, args, flag)
+    return lambda prompts, answers: call_reward_fn(reward_fn, spec, prompts, answers, flag).tolist()
 
 
 def make_loaders(args, train_dataset, eval_dataset, collator):

@@ -167,6 +167,32 @@ def test_create_prompt_dataset_is_reproducible(tmp_path, data_dir, tiny_tokenize
         assert [s["chosen_ids"] for s in a] == [s["chosen_ids"] for s in b]
 
 
+def full_marks_for_even_rows(prompts, answers):
+    """A judge: 1 for a good answer to an even-numbered question, 0.5 to an odd one; 0 for a bad answer, but 1 for
+    the bad answer to question 4 (as high as its good one)."""
+    def score(prompt, answer):
+        number = int(prompt.split("question ")[1].split("?")[0])
+        if "bad" in answer:
+            return 1.0 if number == 4 else 0.0
+        return 1.0 if number % 2 == 0 else 0.5
+    return [score(prompt, answer) for prompt, answer in zip(prompts, answers)]
+
+
+@pytest.mark.parametrize("phase, split", [(1, "10,0,0"), (2, "0,10,0")])
+def test_a_judge_keeps_the_rows_whose_chosen_answer_has_full_marks(tmp_path, data_dir, tiny_tokenizer, phase, split):
+    train, evaluation = create_prompt_dataset([str(data_dir)], split, str(tmp_path), phase, 1, tiny_tokenizer, 128,
+                                              judge=full_marks_for_even_rows)
+    key = "input_ids" if phase == 1 else "chosen_ids"
+    kept = sorted(int(decode(tiny_tokenizer, sample[key]).split("good ")[1]) for sample in train)
+    # phase 1 judges the chosen answer only; phase 2 also drops question 4, whose rejected answer scores as high
+    assert kept == [i for i in range(0, 20, 2) if phase == 1 or i != 4]
+    counts = train.counts["train"]
+    below = counts["skipped"]["chosen answer below full marks (--answer_filter_fn)"]
+    assert below == 10 and counts["read"] == 20 == counts["kept"] + sum(counts["skipped"].values())
+    assert counts["skipped"].get("rejected answer scored as high as the chosen (--answer_filter_fn)", 0) == (phase == 2)
+    assert len(evaluation) == 5 - (phase == 2)  # the eval rows are judged alike (questions 0-9)
+
+
 def test_create_prompt_dataset_with_nothing_left_raises(tmp_path, data_dir, tiny_tokenizer):
     with pytest.raises(DataError, match="no train data left for phase 1"):
         create_prompt_dataset([str(data_dir)], "2,4,4", str(tmp_path), 1, 1, tiny_tokenizer, 3)  # prompts > 3
