@@ -8,8 +8,9 @@ actor before and after.
     python train.py --algorithm grpo --reward-fn none # SFT, reward model, then critic-free RL on it
     python train.py --step 1 2 --deployment-type single_node --actor-model facebook/opt-1.3b
 
-Where the data has a checker (the built-in task, reasoning-gym tasks) and neither --pair-judge nor --reward-fn is
-given, an algorithm takes its best measured recipe on it (`with_checker` in training/pipeline.py), and says so.
+Where the data has a checker (the built-in task, reasoning-gym tasks) and none of --pair-judge, --reward-fn and
+--answer-filter is given, an algorithm takes its best measured recipe on it (`with_checker` in
+training/pipeline.py), and says so.
 Each stage runs its `training/<folder>/training_scripts/<deployment>/run.sh`, which calls the `deepspeed`
 launcher with the flags it is given (the sampled pairs: one Python process); its log goes to
 `<output-dir>/<stage folder>/training.log`, and its lines about data or steps it left out (WARNING lines, skipped

@@ -360,6 +360,23 @@ def test_an_algorithm_takes_its_best_measured_recipe_on_data_with_a_checker(argv
         assert out == ""
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["--algorithm", "orpo"], {"orpo": "builtin"}),  # ORPO's default: the checker keeps the right chosen answers
+    (["--algorithm", "orpo", "--answer-filter", "none"], {"orpo": None}),
+    (["--algorithm", "orpo", "--data-path", "{tmp}/a.jsonl"], {"orpo": None}),  # no checker
+    (["--algorithm", "dpo", "--pair-judge", "none", "--answer-filter", "builtin"],
+     {"sft": "builtin", "dpo": "builtin"}),
+    (["--pair-judge", "none", "--answer-filter", "builtin"], {"sft": "builtin", "reward": "builtin", "ppo": None}),
+    (["--algorithm", "grpo"], {"sft": None, "rl": None}),
+])
+def test_answer_filter_reaches_the_stages_that_train_on_the_data_answers(argv, expected, tmp_path, capsys):
+    write_rows(tmp_path, "a.jsonl")
+    stage_commands, _ = commands(*(arg.replace("{tmp}", str(tmp_path)) for arg in argv))
+    assert {name: flag(stage_commands[name], "--answer_filter_fn") for name in expected} == expected
+    if argv == ["--algorithm", "orpo"]:
+        assert capsys.readouterr().out.startswith("--algorithm orpo takes --answer-filter builtin by default")
+
+
 def test_an_opt_out_with_pair_rounds_is_refused():
     with pytest.raises(ConfigError, match="--pair-rounds repeats --pair-judge's sampling and DPO: it needs "
                                           "--algorithm dpo and --pair-judge"):
