@@ -80,3 +80,13 @@ def test_a_gain_of_exactly_the_goal_meets_it(tmp_path):
     (tmp_path / "syllogism-2" / "evaluation.json").write_text(json.dumps(evaluation))
     text = table([tmp_path / "syllogism-2"], "Panel")
     assert "0.670 -> 0.770 (+0.100)" in text and "met in 1 of 1 runs (100%)" in text
+
+
+def test_a_gain_in_partial_credit_alone_is_labelled_and_not_counted(tmp_path):
+    """The mean verifier score rises by the goal but the share of answers with full marks does not: the actor
+    earns more partial credit (more right letters), not more right answers."""
+    write_run(tmp_path / "spell-1", {"sampled": {"all": 0.25}, "greedy": {"all": 0.35, "solved": 0.12}},
+              {"sampled": stats(0.1, 90, 0.02), "greedy": stats(0.1, 95, 0.02)})
+    text = table([tmp_path / "spell-1"], "Panel")
+    assert "| 0.100 -> 0.120 |" in text and text.rstrip().endswith("met in 0 of 1 runs (0%).")
+    assert "| partial credit |" in text
