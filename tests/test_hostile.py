@@ -642,7 +642,8 @@ def test_a_step_on_a_disk_that_fills_up_ends_in_one_line_and_loses_nothing(tmp_p
     monkeypatch.setattr(tempfile, "tempdir", None)
     main = in_process_mains()["step1"]
     out = small_disk / "out"
-    argv = fill_all([*STEP1, "--data_path", "{tmp}/good"], tmp_path, out, {"{actor}": actor})
+    # fp32, not --dtype auto (bf16 on a CPU with native bf16): the small disk is sized for fp32 weights
+    argv = fill_all([*STEP1, "--data_path", "{tmp}/good", "--dtype", "fp32"], tmp_path, out, {"{actor}": actor})
     code, stdout, stderr = run_main(main, [*argv, "--save_steps", "1"], capsys)
     lines = [line for line in stderr.splitlines() if line.startswith(("error:", "interrupted:"))]
     assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]

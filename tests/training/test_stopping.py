@@ -127,7 +127,7 @@ def run_step3_grpo(actor_dir, tmp_path, score_body, *flags):
                 "grpo", "--reward_fn", f"{reward_file}:score", "--data_split", "1000,1000,5",
                 "--per_device_generation_batch_size", "2", "--num_samples_per_prompt", "2",
                 "--per_device_training_batch_size", "4", "--max_prompt_seq_len", "32", "--max_answer_seq_len", "8",
-                "--max_steps", "10", *flags, "--output_dir", str(tmp_path / "out"),
+                "--max_steps", "10", "--dtype", "fp32", *flags, "--output_dir", str(tmp_path / "out"),
                 "--data_output_path", str(tmp_path / "data")])
 
 

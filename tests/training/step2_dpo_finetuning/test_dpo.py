@@ -150,7 +150,8 @@ def test_a_run_learns_the_preference_and_saves_a_model_that_reproduces_its_evalu
                str(out), "--data_split", "1000,100,1000", "--data_output_path", str(tmp_path / "cache"),
                "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_len", "64",
                "--learning_rate", "3e-3", "--beta", "0.5", "--max_steps", "30", "--print_interval", "10",
-               "--eval_iters", "2", "--enable_tensorboard", "--tensorboard_path", str(tmp_path / "tb")]
+               "--eval_iters", "2", "--enable_tensorboard", "--tensorboard_path", str(tmp_path / "tb"), "--dtype",
+               "fp32"]
     from processes import subprocess_env
 
     result = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)

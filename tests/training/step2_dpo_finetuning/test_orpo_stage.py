@@ -21,7 +21,7 @@ def test_orpo_trains_the_base_model_without_a_reference(tiny_tokenizer, tmp_path
                "--beta", "1.0", "--output_dir", str(out), "--data_split", "1000,100,1000", "--data_output_path",
                str(tmp_path / "cache"), "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "16",
                "--max_seq_len", "64", "--learning_rate", "3e-3", "--num_warmup_steps", "0", "--max_steps", "40",
-               "--print_interval", "10", "--eval_iters", "2"]
+               "--print_interval", "10", "--eval_iters", "2", "--dtype", "fp32"]
     from processes import subprocess_env
 
     result = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
