@@ -41,13 +41,22 @@ def step_data(args, phase, inputs, unpaired=False):
 
 def answer_judge(args):
     """--answer_filter_fn's reward function as scores(prompts, answers), each call checked (call_reward_fn);
-    None without the flag."""
+    None without the flag. A (prompt, answer) is scored once: step_data builds its data twice where a length is
+    `auto`, and a user's judge may be slow."""
     spec = getattr(args, "answer_filter_fn", None)
     if not spec:
         return None
     flag = "--answer_filter_fn"
     reward_fn = load_reward_fn(spec, args, flag)
-    return lambda prompts, answers: call_reward_fn(reward_fn, spec, prompts, answers, flag).tolist()
+    scored = {}
+
+    def judge(prompts, answers):
+        new = list(dict.fromkeys(pair for pair in zip(prompts, answers) if pair not in scored))
+        if new:
+            scores = call_reward_fn(reward_fn, spec, [prompt for prompt, _ in new], [answer for _, answer in new], flag)
+            scored.update(zip(new, scores.tolist()))
+        return [scored[pair] for pair in zip(prompts, answers)]
+    return judge
 
 
 def make_loaders(args, train_dataset, eval_dataset, collator):
