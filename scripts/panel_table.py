@@ -41,8 +41,8 @@ def _stop(metrics):
     if not stopped:
         return "budget"
     reason = stopped["reason"]
-    return ("time" if "max_train_minutes" in reason else "idle" if "stop_after_idle_rounds" in reason
-            else "eval loss")
+    return ("time" if "max_train_minutes" in reason else "deadline" if "--deadline" in reason
+            else "idle" if "stop_after_idle_rounds" in reason else "eval loss")
 
 
 def _wall_time(folder):

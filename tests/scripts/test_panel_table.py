@@ -39,6 +39,11 @@ def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
               rl_stop={"step": 20, "reason": "5 rounds in a row found no group whose answers' scores differ: every "
                                              "prompt is answered alike (--stop_after_idle_rounds 5)"})
     assert "| 20 (idle) |" in table([tmp_path / "letters-1"], "Idle")
+    write_run(tmp_path / "sums-1", {"sampled": {"all": 0.15}, "greedy": {"all": 0.45}},
+              {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)},
+              rl_stop={"step": 90, "reason": "--deadline is 80 s away, and saving and evaluating after training "
+                                             "need about 80 s"})
+    assert "| 90 (deadline) |" in table([tmp_path / "sums-1"], "Deadline")
     text = table([tmp_path / "gcd-1", tmp_path / "count-1", tmp_path / "lcm-1"], "Panel")
     assert text.startswith("### Panel") and "`python train.py --algorithm grpo`" in text and "commit:" in text
     (tmp_path / "gcd-1" / "base-evaluation.json").write_text(json.dumps(

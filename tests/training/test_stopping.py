@@ -4,6 +4,7 @@ where it had stopped, and the report's row."""
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from processes import subprocess_env
 from utils.runtime.errors import ConfigError
 from utils.trainer import stopping
 from utils.trainer.report import data_rows
-from utils.trainer.stopping import StopRule
+from utils.trainer.stopping import Reserve, StopRule
 
 REPO = Path(__file__).resolve().parents[2]
 STEP1 = REPO / "training" / "step1_supervised_finetuning" / "main.py"
@@ -78,6 +79,29 @@ def test_idle_rounds_count_rounds_in_a_row_that_trained_nothing():
     assert never.reason(5) is None
 
 
+def test_a_deadline_stops_when_the_time_left_is_what_the_step_still_needs(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(stopping.time, "time", lambda: clock[0])
+    rule = StopRule(deadline=1100.0)
+    rule.reserve_s = 60.0
+    clock[0] = 1039.0
+    assert rule.reason(3) is None
+    clock[0] = 1040.0
+    assert rule.reason(4) == ("stopped at step 4: --deadline is 60 s away, and saving and evaluating after training "
+                              "need about 60 s")
+    assert StopRule().reason(4) is None  # no deadline, no stop
+
+
+def test_the_reserve_is_setup_longest_round_one_evaluation_and_the_answers_at_the_evaluations_rate():
+    reserve = Reserve(setup_s=30.0, answers=1000)
+    reserve.observe("rollouts", 2.0, 32)  # before any evaluation: the rollouts' rate
+    reserve.round_s = 5.0
+    assert reserve.seconds() == pytest.approx(30 + 5 + 1000 * 2 / 32)
+    reserve.observe("evaluation", 10.0, 100)
+    reserve.observe("rollouts", 4.0, 32)
+    assert reserve.seconds() == pytest.approx(30 + 5 + 10 + 1000 * 0.1)
+
+
 def test_the_report_says_where_and_why_a_step_stopped():
     metrics = {"total_steps": 40, "stopped": {"step": 6, "reason": "--max_train_minutes 1 is spent"}}
     assert data_rows("1 SFT", metrics) == [("1 SFT", "optimizer steps, stopped early",
@@ -139,6 +163,20 @@ def test_step3_time_budget_ends_after_one_round_with_its_evaluation(step3_model_
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["stopped"]["step"] == 1 and metrics["actor_optimizer_steps"] >= 1
     assert "heldout_sampled_end" in metrics  # the closing evaluation of the held-out prompts still runs
+    assert (out / "actor" / "model.safetensors").is_file()
+
+
+def test_step3_deadline_ends_training_when_the_time_left_is_what_saving_and_evaluating_need(step3_model_dirs,
+                                                                                              tmp_path):
+    """A deadline 10 minutes away but 10^6 answers to reserve: the first round's check stops the run, which still
+    evaluates, saves and says why."""
+    out = tmp_path / "out"
+    log = run_step3_grpo(step3_model_dirs[0], tmp_path, "[len(answer) % 3 for answer in answers]",
+                         "--eval_interval", "5", "--eval_prompts", "4", "--deadline", str(time.time() + 600),
+                         "--reserve_answers", "1000000")
+    assert "stopped at step 1: --deadline is" in log and "saving and evaluating after training need about" in log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["stopped"]["step"] == 1 and "heldout_sampled_end" in metrics
     assert (out / "actor" / "model.safetensors").is_file()
 
 

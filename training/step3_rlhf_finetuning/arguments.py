@@ -216,6 +216,14 @@ def add_critic_free_args(parser):
     add("--stop_after_idle_rounds", type=int, default=0,
         help="With --filter_zero_variance, stop when this many rounds in a row found no group whose answers' scores "
              "differ (every prompt answered alike, right or wrong: nothing left to train on; 0: never).")
+    add("--deadline", type=float, default=0,
+        help="A wall-clock time (seconds since the epoch, as `date +%%s` prints) by which this step and the "
+             "evaluation after it must end: training stops at the end of the first round past which the time left is "
+             "what the step still needs to save and run --reserve_answers answers, estimated from its own setup, "
+             "rounds and held-out evaluations (train.py's --time-budget sets it; 0: none).")
+    add("--reserve_answers", type=int, default=0,
+        help="With --deadline: answers decoded after this step (train.py's closing evaluation), whose time is "
+             "reserved at the rate this step's held-out evaluations (else its rollouts) decode.")
     add("--overlong_penalty", type=float, default=0.0,
         help="Subtracted in full from the score of an answer that fills --max_answer_seq_len, in part from one "
              "within --overlong_buffer tokens of it (DAPO's soft overlong punishment; 0: none).")
@@ -288,6 +296,9 @@ def check_rl_args(args):
     if args.stop_after_idle_rounds and not args.filter_zero_variance:
         raise ConfigError(f"--stop_after_idle_rounds {args.stop_after_idle_rounds} needs --filter_zero_variance "
                           "(a round is idle when every group it drew was dropped)")
+    if args.reserve_answers and not args.deadline:
+        raise ConfigError(f"--reserve_answers {args.reserve_answers} needs --deadline (the time it is reserved "
+                          "before)")
     if args.critic_warmup_steps and not uses_critic(args):
         raise ConfigError(f"--critic_warmup_steps: --advantage_estimator {estimator} has no critic to warm up")
     longest = float("inf") if is_auto(args.max_answer_seq_len) else args.max_answer_seq_len

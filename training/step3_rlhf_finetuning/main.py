@@ -44,7 +44,7 @@ from utils.trainer.engine import start_run, step_budget, write_metrics
 from utils.trainer.monitor import Monitor, format_scalars
 from utils.trainer.ppo_trainer import PPOTrainer, mean_stats
 from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
-from utils.trainer.stopping import stop_rule_from_args
+from utils.trainer.stopping import Reserve, stop_rule_from_args
 
 
 def resolve_step_models(args):
@@ -134,16 +134,27 @@ def main(argv=None):
             unsup_batches.skip(resumed["unsup_batches_drawn"])
     monitor = Monitor(args, "step3_ppo", args.output_dir, resumed=resumed is not None)
     stop = stop_rule_from_args(args, device, state=(resumed or {}).get("stop"))
-    if eval_prompts and not resumed:
+    reserve = Reserve(time.time() - start_time, args.reserve_answers)  # --deadline's
+
+    def evaluate_now():
+        started = time.time()
         evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
+        reserve.observe("evaluation", time.time() - started, 2 * len(eval_prompts))  # sampled and greedy
+
+    if eval_prompts and not resumed:
+        evaluate_now()
+    round_start, generation_s, generated = time.time(), 0.0, 0
     bar = progress(total=total_steps, initial=step, desc="ppo", unit="prompt batch")
     for epoch in position.epochs(args.num_train_epochs):
         for _, batch in position.batches(epoch):
             if step + args.generation_batches > total_steps or stop.stopped:  # no whole round left
                 break
             batch = to_device(batch, device)
+            started = time.time()
             experiences.append(trainer.generate_experience(batch["prompt"], batch["prompt_att_mask"],
                                                            batch["prompt_text"]))
+            generation_s += time.time() - started
+            generated += len(batch["prompt"]) * args.num_samples_per_prompt
             if not trainer.round_ready(experiences):
                 continue
             step += args.generation_batches  # (with --filter_zero_variance a round may draw more batches)
@@ -162,15 +173,19 @@ def main(argv=None):
                 print_sample(experiences[0], tokenizer)
             experiences = []
             stop.observe_round(stats["trained_rows"])
-            reason = stop.reason(step, total_steps)  # --max_train_minutes, --stop_after_idle_rounds
+            reserve.observe("rollouts", generation_s, generated)
+            reserve.round_s = max(reserve.round_s, time.time() - round_start)
+            stop.reserve_s = reserve.seconds()
+            reason = stop.reason(step, total_steps)  # --max_train_minutes, --stop_after_idle_rounds, --deadline
             if eval_prompts and (step % args.eval_interval == 0 or step == total_steps or reason):
-                evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
+                evaluate_now()
             checkpointer.save_if_due(step, step if reason else total_steps, {
                 "history": history, "evaluations": evaluations, "trainer": trainer.state_dict(),
                 "shuffler": python_random_state(shuffler), "stop": stop.state_dict(),
                 "unsup_batches_drawn": unsup_batches.drawn if unsup_batches is not None else 0})
             if reason:
                 break
+            round_start, generation_s, generated = time.time(), 0.0, 0
         if stop.stopped:
             break
     bar.close()

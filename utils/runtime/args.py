@@ -488,7 +488,7 @@ FLAG_RANGES = {
                      "undesirable_weight", "tool_timeout"), ("positive", _positive)),
     **dict.fromkeys(("weight_decay", "max_train_minutes", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
                      "reward_clip", "unsup_coef", "missing_eos_penalty", "cliprange_low", "cliprange_high",
-                     "kl_loss_coef", "overlong_penalty", "positive_nll_coef", "rpo_alpha"),
+                     "kl_loss_coef", "overlong_penalty", "positive_nll_coef", "rpo_alpha", "deadline"),
                     ("at least 0", _non_negative)),
     **dict.fromkeys(("reward_fn_weight", "reward_model_weight", "positive_score_threshold", "simpo_gamma"),
                     ("a finite number", lambda value: True)),
@@ -506,7 +506,7 @@ FLAG_RANGES = {
     **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps",
                      "save_steps", "num_show", "num_examples", "lora_dim", "actor_lora_dim", "critic_lora_dim",
                      "num_padding_at_beginning", "early_stopping_patience", "answer_base_rate",
-                     "max_generation_batches", "stop_after_idle_rounds"),
+                     "max_generation_batches", "stop_after_idle_rounds", "reserve_answers"),
                     ("at least 0", _non_negative)),
     "seed": ("in [0, 2**32)", lambda value: 0 <= value < 2 ** 32),  # what NumPy's seeding takes
 }

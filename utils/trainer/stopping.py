@@ -2,10 +2,12 @@
 evaluations in a row, as transformers' EarlyStoppingCallback), --max_train_minutes M (a time budget on its
 training loop, so that a recipe's step counts adapt to the task and to the machine) and, in step 3 with dynamic
 sampling, --stop_after_idle_rounds R (R rounds in a row found no group whose answers' scores differ: the policy
-answers every prompt alike, right or wrong, and a group-relative estimator has nothing left to train on). Checked at the end of an
-optimizer step (step 3: a PPO round); the state travels in checkpoints, so a resumed run stops where the
-uninterrupted one would have by the first rule, and counts the minutes trained before the interruption in the
-second."""
+answers every prompt alike, right or wrong, and a group-relative estimator has nothing left to train on) and
+--deadline T (step 3: a wall-clock time, train.py's --time-budget, by which the step and what runs after it must
+end: training stops when the time left is what they still need, `reserve_s`, which the step keeps up to date).
+Checked at the end of an optimizer step (step 3: a PPO round); the state travels in checkpoints, so a resumed run
+stops where the uninterrupted one would have by the first rule, and counts the minutes trained before the
+interruption in the second."""
 import time
 
 import torch
@@ -18,9 +20,11 @@ class StopRule:
     to go on or the one line that says why training stops now. Every process reaches the same answer (the eval loss is already
     averaged over them; the clock is the slowest process's)."""
 
-    def __init__(self, patience=0, max_minutes=0.0, metric="loss", state=None, device="cpu", idle_rounds=0):
+    def __init__(self, patience=0, max_minutes=0.0, metric="loss", state=None, device="cpu", idle_rounds=0,
+                 deadline=0.0):
         self.patience, self.max_minutes, self.metric, self.device = patience, max_minutes, metric, device
-        self.idle_patience = idle_rounds
+        self.idle_patience, self.deadline = idle_rounds, deadline
+        self.reserve_s = 0.0  # with a deadline: the seconds the step still needs once training stops
         state = state or {}
         self.idle_rounds = state.get("idle_rounds", 0)
         self.best = state.get("best")
@@ -57,18 +61,20 @@ class StopRule:
         elif self.idle_patience and self.idle_rounds >= self.idle_patience:
             why = (f"{self.idle_rounds} rounds in a row found no group whose answers' scores differ: every prompt "
                    f"is answered alike, nothing is left to train on (--stop_after_idle_rounds {self.idle_patience})")
-        elif self.max_minutes and self._out_of_time():
+        elif self.max_minutes and self._late(self.trained_s() >= self.max_minutes * 60):
             why = f"--max_train_minutes {self.max_minutes:g} is spent"
+        elif self.deadline and self._late(time.time() + self.reserve_s >= self.deadline):
+            why = (f"--deadline is {max(0.0, self.deadline - time.time()):.0f} s away, and saving and evaluating "
+                   f"after training need about {self.reserve_s:.0f} s")
         else:
             return None
         self.stopped = {"step": step, "reason": why}
         print_rank_0(f"stopped at step {step}: {why}")
         return f"stopped at step {step}: {why}"
 
-    def _out_of_time(self):
+    def _late(self, late_here):
         # One answer for all, or a process would wait for the others forever: late when any process is.
-        late = torch.tensor(float(self.trained_s() >= self.max_minutes * 60), device=self.device)
-        return all_reduce_sum(late).item() > 0
+        return all_reduce_sum(torch.tensor(float(late_here), device=self.device)).item() > 0
 
     def state_dict(self):
         return {"best": self.best, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations,
@@ -81,6 +87,30 @@ class StopRule:
 
 def stop_rule_from_args(args, device, state=None):
     """The rule of a step's flags (a step without --early_stopping_patience has only the time budget; only step 3
-    has --stop_after_idle_rounds)."""
+    has --stop_after_idle_rounds and --deadline)."""
     return StopRule(getattr(args, "early_stopping_patience", 0), args.max_train_minutes, state=state, device=device,
-                    idle_rounds=getattr(args, "stop_after_idle_rounds", 0))
+                    idle_rounds=getattr(args, "stop_after_idle_rounds", 0), deadline=getattr(args, "deadline", 0.0))
+
+
+class Reserve:
+    """What a step with a --deadline still needs once its training stops, in seconds (StopRule.reserve_s): its
+    setup's time again (saving its models, and the evaluation after it loading its own, take about as long as
+    loading them did), its longest round (the one the check lets start), one more held-out evaluation (the one at
+    the stop), and `answers` more answers decoded at the rate its held-out evaluations decode (before the first,
+    its rollouts')."""
+
+    def __init__(self, setup_s, answers):
+        self.setup_s, self.answers = setup_s, answers
+        self.round_s = self.eval_s = 0.0
+        self.rates = {}  # "evaluation" / "rollouts": seconds per answer
+
+    def observe(self, kind, seconds, answers):
+        """After a round ("rollouts": its generation's seconds and answers, `round_s` its whole time) or a held-out
+        evaluation ("evaluation")."""
+        if kind == "evaluation":
+            self.eval_s = seconds
+        self.rates[kind] = seconds / max(1, answers)
+
+    def seconds(self):
+        rate = self.rates.get("evaluation", self.rates.get("rollouts", 0.0))
+        return self.setup_s + self.round_s + self.eval_s + self.answers * rate
