@@ -35,8 +35,8 @@ from pathlib import Path
 
 import psutil
 
-from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, checker_defaults, evaluation_command, plan,
-                               run_inputs, step_command)
+from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, checker_defaults, closing_answers,
+                               evaluation_command, has_step3, plan, run_inputs, step_command, train_recipe)
 from utils.runtime.args import add_column_args, column_keys, registry_help
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
@@ -143,6 +143,11 @@ def build_parser():
                              f"<output-dir>/tensorboard, wandb, mlruns; W&B offline), or {NONE}; the stages' W&B "
                              "and MLflow runs are grouped as one pipeline (utils/runtime/trackers.py). Default "
                              "tensorboard.")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                        help="The whole command's wall time: step 3's RL trains until the time left is what saving "
+                             "and the closing evaluation need, estimated from its own setup and held-out "
+                             "evaluations (its --deadline; the earlier steps keep their own budgets). Default: the "
+                             "recipe's (27 for smollm2-135m on reasoning-gym data), else none; 0: none.")
     parser.add_argument("--no-eval", action="store_true", help="Skip the side-by-side evaluation at the end.")
     parser.add_argument("--eval-prompts", type=int, default=None,
                         help="The closing evaluation answers the first N held-out prompts (prompt_eval.py's "
@@ -180,7 +185,15 @@ def parse_args(argv=None):
     if defaults:
         print(f"--algorithm {args.algorithm} takes {shlex.join(defaults)} by default on data with a checker (the "
               f"best measured recipe); {defaults[0]} none opts out", flush=True)
-        args = parser.parse_args([*defaults, *argv])  # the user's own flags come after, so they win
+    recipe = train_recipe(args) if args.time_budget is None else []
+    if recipe:
+        print(f"the recipe of {args.actor_model} on this data takes {shlex.join(recipe)} (minutes for the whole "
+              f"command: step 3 trains until what is left is what saving and the evaluation need); "
+              f"{recipe[0]} 0 opts out", flush=True)
+    if defaults or recipe:
+        args = parser.parse_args([*recipe, *defaults, *argv])  # the user's own flags come after, so they win
+    args.deadline = time.time() + 60 * args.time_budget if args.time_budget else None  # step 3's --deadline
+    args.reserve_answers = None  # main: the closing evaluation's answers, reserved in step 3 before the deadline
     args.pair_judge, args.reward_fn, args.answer_filter = (None if spec == "none" else spec for spec in
                                                            (args.pair_judge, args.reward_fn, args.answer_filter))
     args.pair_rounds = 1 if args.pair_rounds is None else args.pair_rounds
@@ -225,6 +238,10 @@ def check_args(args):
     for flag in ("eval_prompts", "eval_samples"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if args.time_budget is not None and not 0 <= args.time_budget < float("inf"):
+        raise ConfigError(f"--time-budget must be a number of minutes, at least 0, not {args.time_budget}")
+    if args.time_budget and not has_step3(args):
+        raise ConfigError(f"--time-budget bounds step 3's RL, but --algorithm {args.algorithm} has no step 3")
     if args.pair_judge and not any(STAGES[name].step == 2 for name in stages):
         raise ConfigError(f"--pair-judge makes step 2's pairs, but --algorithm {args.algorithm} has no step 2")
     if args.pair_judge and "sft" not in ALGORITHMS[args.algorithm].stages:
@@ -406,6 +423,8 @@ def main(argv=None):
     if not selected:
         raise ConfigError(f"--step {' '.join(map(str, args.step))}: nothing to run for --algorithm {args.algorithm}")
     check_round_flags(args, runs)
+    if args.deadline:
+        args.reserve_answers = closing_answers(args, runs)
     if not args.dry_run:
         check_inputs(args, runs, selected)
         if args.run_group:

@@ -9,14 +9,15 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import train
 from tests.files import write_jsonl
-from training.pipeline import (ALGORITHMS, STAGES, Algorithm, check_round_flags, evaluation_command, plan,
-                               step_command)
+from training.pipeline import (ALGORITHMS, STAGES, Algorithm, check_round_flags, closing_answers, evaluation_command,
+                               plan, step_command)
 from utils.rl.estimators import CRITIC_FREE
 from utils.runtime.errors import ConfigError, DataError
 
@@ -613,6 +614,34 @@ def test_smollm2_on_reasoning_gym_data_takes_its_data_recipe_in_every_stage_and_
     assert flag(evaluation, "--max_new_tokens") == "auto" and flag(evaluation, "--data_path") == spec
     plain, _ = commands("--actor-model", "smollm2-135m")  # the built-in task: the model's recipe alone
     assert flag(plain["sft"], "--max_seq_len") == "64"
+
+
+def test_the_time_budget_gives_step_3_a_deadline_and_the_closing_evaluations_answers(capsys):
+    """smollm2-135m on reasoning-gym data: its recipe's --time-budget (said on the output) becomes step 3's
+    --deadline, counted from the command's start, and the closing evaluation's 100 prompts x (4 samples + greedy)
+    x 2 models are reserved; the user's budget wins, 0 opts out, and an algorithm without a step 3 takes none."""
+    spec = ["--actor-model", "smollm2-135m", "--data-path", "reasoning_gym:chain_sum?max_digits=1"]
+    started = time.time()
+    args = train.parse_args(["--output-dir", "out", *spec, "--algorithm", "grpo", "--reward-fn", "reasoning_gym"])
+    assert "takes --time-budget 27" in capsys.readouterr().out
+    runs = plan(args)
+    assert closing_answers(args, runs) == 100 * 5 * 2
+    args.reserve_answers = closing_answers(args, runs)
+    rl = step_command(args, runs[-1])
+    assert started + 27 * 60 - 1 <= float(flag(rl, "--deadline")) <= time.time() + 27 * 60 + 1
+    assert flag(rl, "--reserve_answers") == "1000" and "--max_train_minutes" not in rl
+    mine = train.parse_args(["--output-dir", "out", *spec, "--algorithm", "grpo", "--time-budget", "5"])
+    assert mine.deadline <= time.time() + 5 * 60
+    rl, _ = commands(*spec, "--algorithm", "grpo", "--time-budget", "0")
+    assert "--deadline" not in rl["rl"]
+    dpo = train.parse_args(["--output-dir", "out", *spec, "--algorithm", "dpo"])
+    assert dpo.time_budget is None and dpo.deadline is None
+    with pytest.raises(ConfigError, match="^--time-budget bounds step 3's RL, but --algorithm dpo has no step 3$"):
+        train.parse_args(["--output-dir", "out", *spec, "--algorithm", "dpo", "--time-budget", "10"])
+    with pytest.raises(ConfigError, match="^--time-budget must be a number of minutes, at least 0, not -1.0$"):
+        train.parse_args(["--output-dir", "out", "--algorithm", "grpo", "--time-budget", "-1"])
+    plain, _ = commands("--algorithm", "grpo")  # the built-in task's recipe has no budget
+    assert "--deadline" not in plain["rl"]
 
 
 # ---------------------------------------------------------------------- an unusable --output-dir

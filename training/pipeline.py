@@ -66,7 +66,16 @@ def _step3_flags(args, dirs, out):
     function, which then gets --reward_fn), their ZeRO stages, the output."""
     return {"--actor_model_name_or_path": dirs["sft"], "--critic_model_name_or_path": dirs.get("reward"),
             "--actor_zero_stage": args.actor_zero_stage, "--critic_zero_stage": args.reward_zero_stage,
-            "--output_dir": out, "--reward_fn": args.reward_fn, "--tools": args.tools}
+            "--output_dir": out, "--reward_fn": args.reward_fn, "--tools": args.tools,
+            **deadline_flags(args)}
+
+
+def deadline_flags(args):
+    """With --time-budget: step 3's --deadline (the command's start plus the budget) and --reserve_answers (the
+    closing evaluation's answers, train.py's `closing_answers`); {} without one."""
+    if not getattr(args, "deadline", None):
+        return {}
+    return {"--deadline": f"{args.deadline:.0f}", "--reserve_answers": args.reserve_answers}
 
 
 def _preference_flags(args, dirs, out):
@@ -138,6 +147,35 @@ ALGORITHMS = {
                              "seq_mean_token_mean", "--cliprange_low", "3e-4", "--cliprange_high", "4e-4"),
                       with_checker=("--reward-fn", "{checker}")),
 }
+
+
+def has_step3(args):
+    return any(STAGES[name].step == 3 for name in ALGORITHMS[args.algorithm].stages)
+
+
+def train_recipe(args):
+    """train.py's own flags from the recipe of its actor and data (its "train" entry: the time budget) where the
+    algorithm has a step 3 to bound."""
+    return recipe_flags(args.actor_model, "train", args.data_path) if has_step3(args) else []
+
+
+def closing_answers(args, runs):
+    """The answers the closing evaluation decodes: its prompts (--num_prompts, else the whole held-out set) x its
+    sampled answers and the greedy one x its two models (x 2 with --tools: with and without); 0 without one."""
+    command = None if args.no_eval else evaluation_command(args, runs)
+    if not command:
+        return 0
+
+    def last(flag):
+        values = [command[i + 1] for i, item in enumerate(command[:-1]) if item == flag]
+        return int(values[-1]) if values else None
+
+    prompts = last("--num_prompts")
+    if prompts is None:
+        from inference.evaluation import heldout_set  # loads transformers: --help and flag errors answer first
+
+        prompts = len(heldout_set(args.data_path or ["builtin"], columns=column_keys(args))[0])
+    return prompts * (last("--samples_per_prompt") + 1) * 2 * (2 if args.tools else 1)
 
 
 def data_checker(data_paths):

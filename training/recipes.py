@@ -3,7 +3,8 @@
 `tiny` is the built-in default, tuned to teach the built-in task on a 2-core CPU in minutes; `smollm2-135m`
 is a real pretrained model trained with LoRA in bounded steps; `default` serves any other Hugging Face model
 with DeepSpeed-Chat's settings for OPT-1.3b / OPT-350m. Flags given to train.py with --step{1,2,3}-args come
-after these, so they win. An "eval" entry adds flags to the side-by-side evaluation train.py ends with.
+after these, so they win. An "eval" entry adds flags to the side-by-side evaluation train.py ends with, a "train"
+entry flags of train.py itself (before the user's, so theirs win).
 `DATA_RECIPES` adds flags for one model family on one kind of data (after the model's, so they win there).
 """
 
@@ -102,21 +103,22 @@ RECIPES = {
 DATA_RECIPES = {
     # SmolLM2 on reasoning-gym tasks: lengths `auto`; a step 1 that trains until its eval loss stops improving
     # (three evaluations 10 steps apart without a new best) or 6 minutes are spent; GRPO on 8 answers a prompt
-    # for 10 minutes (or 200 rounds; docs/smollm2.md), each round 4 prompts whose answers' scores differ, drawn
-    # from up to 4 batches (dynamic sampling: a syllogism actor stops answering "Yes" to all; docs/panel.md),
-    # stopping once 5 rounds in a row found none (the actor answers alike: nothing left to learn).
+    # until the whole command's 27 minutes leave only what saving and the closing evaluation need (or 400 rounds;
+    # docs/panel.md), each round 4 prompts whose answers' scores differ, drawn from up to 4 batches (dynamic
+    # sampling: a syllogism actor stops answering "Yes" to all), stopping once 5 rounds in a row found none (the
+    # actor answers alike: nothing left to learn).
     ("smollm2-135m", "reasoning_gym"): {
         1: ["--max_seq_len", "auto", "--max_steps", "300", "--num_train_epochs", "100", "--num_warmup_steps", "2",
             "--print_interval", "10", "--eval_interval", "10", "--eval_iters", "4", "--early_stopping_patience", "3",
             "--max_train_minutes", "6"],
-        3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto", "--num_train_epochs", "100",
-            "--max_train_minutes", "10"],
+        3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto", "--num_train_epochs", "100"],
         "grpo": ["--per_device_generation_batch_size", "4", "--num_samples_per_prompt", "8",
                  "--per_device_training_batch_size", "16", "--ppo_epochs", "1", "--kl_coef", "0",
-                 "--actor_lora_learning_rate", "5e-4", "--max_steps", "200", "--print_interval", "1",
+                 "--actor_lora_learning_rate", "5e-4", "--max_steps", "400", "--print_interval", "1",
                  "--eval_interval", "20", "--eval_prompts", "50", "--filter_zero_variance",
                  "--max_generation_batches", "4", "--stop_after_idle_rounds", "5"],
         "eval": ["--num_prompts", "100", "--samples_per_prompt", "4", "--max_new_tokens", "auto"],
+        "train": ["--time-budget", "27"],
     },
     # SmolLM2 on the user's own data (dialogues, hub data sets): every length from the data (its 95th percentile; a
     # dialogue's earlier turns give way first), at most 256 tokens, the bound of a step's time on a 2-core CPU;
@@ -147,8 +149,8 @@ def data_kind(data_paths):
 
 
 def recipe_flags(model, step, data_paths=None):
-    """The recipe flags of `step` (1, 2, 3, "grpo", "dpo", "pairs", "dpo_pairs", or "eval": prompt_eval.py's at the
-    end of train.py) for `model` (a built-in name, a hub name or a folder) on `data_paths` (None: each step's
+    """The recipe flags of `step` (1, 2, 3, "grpo", "dpo", "pairs", "dpo_pairs", "train": train.py's own, or "eval":
+    prompt_eval.py's at the end of train.py) for `model` (a built-in name, a hub name or a folder) on `data_paths` (None: each step's
     default data): the model's recipe, then its data recipe's."""
     flags = list(RECIPES.get(model, RECIPES["default"]).get(step, []))
     return flags + list(DATA_RECIPES.get((model, data_kind(data_paths)), {}).get(step, []))
