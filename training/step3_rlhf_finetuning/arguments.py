@@ -201,6 +201,10 @@ def add_critic_free_args(parser):
         help="Weight of the negative log-likelihood of the sampled answers scored at least "
              "--positive_score_threshold, added to the policy loss (VAPO's positive-example LM loss; 0: none). "
              "Groups dropped by --filter_zero_variance are left out of it too.")
+    add("--entropy_coef", type=float, default=0.0,
+        help="Weight of the answer tokens' entropy (aggregated by --loss_agg_mode), subtracted from the actor's "
+             "loss: an entropy bonus that keeps the policy sampling different answers (verl's entropy_coeff, "
+             "OpenRLHF's --entropy_loss_coef; 0: none).")
     add("--positive_score_threshold", type=float, default=1.0,
         help="The end score (before normalisation and penalties) from which an answer counts as positive for "
              "--positive_nll_coef (1.0: a right answer for the built-in checker or a 0/1 verifier).")

@@ -331,9 +331,10 @@ def final_hidden_states(head):
             handle.remove()
 
 
-def answer_logprobs(model, seq, attention_mask, prompt_len, temperature=1.0, with_entropy=False):
+def answer_logprobs(model, seq, attention_mask, prompt_len, temperature=1.0, with_entropy=False, entropy_grad=False):
     """(logprobs, entropy): log softmax(logits / T)[answer token] of every answer token (B, A), A = seq.shape[1] -
-    prompt_len, with every gradient, and its entropy (no gradient) if asked, else None. The logits are
+    prompt_len, with every gradient, and its entropy if asked (with its gradient where `entropy_grad`: an
+    entropy bonus), else None. The logits are
     `answer_logits`'; where `fused_output_layer` allows, the answers' final hidden states go through
     `linear_logprobs` instead, so the (B, A, V) logits are never held."""
     from utils.rl.head_logprobs import linear_logprobs
@@ -343,7 +344,8 @@ def answer_logprobs(model, seq, attention_mask, prompt_len, temperature=1.0, wit
     head = fused_output_layer(model)
     if head is None:
         logits = answer_logits(model, seq, attention_mask, prompt_len)
-        entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature) \
+            if with_entropy else None
         return logprobs_from_logits(logits, labels, temperature), entropy
     with final_hidden_states(head):
         hidden = answer_logits(model, seq, attention_mask, prompt_len)  # (B, A, H)

@@ -7,6 +7,7 @@ SmolLM2's 49,152-token vocabulary they are the largest tensors of a training ste
     logprob[n]  = z[n, labels[n]] - log sum_v exp(z[n, v])
     entropy[n]  = - sum_v p_v log p_v,   p = softmax(z[n])
     d logprob[n] / d z[n, v] = 1[v = labels[n]] - p_v
+    d entropy[n] / d z[n, v] = - p_v (log p_v + entropy[n])
 
 `linear_logprobs` keeps each row's log-sum-exp and computes a chunk's logits again in the backward pass (one
 more output-layer matmul, on the rows asked for only); `linear_nll` (the mean negative log-likelihood, step 1's
@@ -68,22 +69,30 @@ class _LinearLogprobs(torch.autograd.Function):
             if with_entropy:  # 0 log 0 = 0 where a logit is -inf, as entropy_from_logits
                 finite_log_p = torch.where(torch.isfinite(log_p), log_p, torch.zeros_like(log_p))
                 entropy[chunk] = -(log_p.exp() * finite_log_p).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, labels, lse)
+        ctx.save_for_backward(hidden, weight, labels, lse, entropy)
         ctx.temperature = temperature
-        ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # an output the loss does not use has no gradient to compute
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_logprobs, _grad_entropy):
-        hidden, weight, labels, lse = ctx.saved_tensors
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, labels, lse, entropy = ctx.saved_tensors
         temperature = ctx.temperature
         want_hidden, want_weight = ctx.needs_input_grad[:2]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = None
+        if grad_logprobs is None:
+            grad_logprobs = lse.new_zeros(lse.shape)
         for chunk in _chunks(hidden.shape[0], weight.shape[0]):
             grad = grad_logprobs[chunk].to(lse.dtype).unsqueeze(-1)  # (n, 1)
             z = _logits(hidden[chunk], weight, temperature)
-            grad_z = (z - lse[chunk].unsqueeze(-1)).exp_().mul_(-grad)  # - g p_v
+            log_p = z - lse[chunk].unsqueeze(-1)
+            per_p = grad  # d / d z_v = - p_v x per_p (+ g at the label)
+            if grad_entropy is not None and entropy.numel():  # 0 log 0 = 0, as in the forward
+                finite_log_p = torch.where(torch.isfinite(log_p), log_p, torch.zeros_like(log_p))
+                per_p = grad + grad_entropy[chunk].to(lse.dtype).unsqueeze(-1) * (
+                    finite_log_p + entropy[chunk].unsqueeze(-1))
+            grad_z = log_p.exp_().mul_(-per_p)
             grad_z.scatter_add_(-1, labels[chunk].unsqueeze(-1), grad)  # + g at the label
             grad_logits = (grad_z / temperature if temperature != 1.0 else grad_z).to(weight.dtype)
             if want_hidden:
@@ -98,7 +107,7 @@ class _LinearLogprobs(torch.autograd.Function):
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs, entropy) of each row: logprob[n] = log softmax(hidden[n] @ weight.T / T)[labels[n]] and, if
-    asked, the entropy of that softmax (no gradient, as the PPO loss logs it; else None).
+    asked, the entropy of that softmax (with its gradient, for an entropy bonus; else None).
 
     hidden (N, H) (the inputs of a bias-free output layer), weight (V, H), labels (N,) -> (N,), (N,) float32
     (float64 for float64 weights). Equals `logprobs_from_logits(hidden @ weight.T, labels, T)` and

@@ -28,7 +28,7 @@ from utils.model.reward_model import score_answers
 from utils.rl.estimators import ESTIMATORS
 from utils.rl.experience import Experience, answer_action_mask, concat_experiences
 from utils.rl.kl import make_kl_controller
-from utils.rl.losses import kl_loss, positive_nll, value_loss
+from utils.rl.losses import aggregate_loss, kl_loss, positive_nll, value_loss
 from utils.rl.policy_losses import POLICY_LOSSES
 from utils.rl.reward_fns import call_reward_fn
 from utils.rl.rewards import RunningMoments, compute_rewards, overlong_fraction
@@ -93,7 +93,7 @@ class PPOTrainer:
         """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked): a group's
         prompt runs once, and the answers' logits are never held whole (`answer_logprobs`)."""
         logprobs, entropy = answer_logprobs(model, seq, attention_mask, prompt_len, self.args.temperature,
-                                            with_entropy)
+                                            with_entropy, entropy_grad=bool(self.args.entropy_coef))
         return (logprobs, entropy) if with_entropy else logprobs
 
     def answer_values(self, critic, seq, attention_mask, prompt_len):
@@ -279,11 +279,11 @@ class PPOTrainer:
         stats = {}
         if train_actor:
             logprobs, entropy = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len, with_entropy=True)
-            actor_loss, actor_stats = self.actor_loss(logprobs, minibatch, action_mask)
+            actor_loss, actor_stats = self.actor_loss(logprobs, minibatch, action_mask, entropy)
             assert_finite(actor_loss, "the actor loss")
             self.actor.backward(actor_loss)
             self.actor.step()
-            stats.update(actor_loss=actor_loss.item(), entropy=masked_mean(entropy, action_mask).item(),
+            stats.update(actor_loss=actor_loss.item(), entropy=masked_mean(entropy.detach(), action_mask).item(),
                          **actor_stats)
         if self.critic is not None:
             values = self.answer_values(self.critic, seq, attention_mask, prompt_len)
@@ -295,10 +295,11 @@ class PPOTrainer:
             stats.update(critic_loss=critic_loss.item(), **{k: v.item() for k, v in value_stats.items()})
         return stats
 
-    def actor_loss(self, logprobs, minibatch, action_mask):
-        """The actor's loss on a minibatch, with the gradient through `logprobs` (the actor's now), and its stats
-        (floats): the --policy_loss row's loss (utils/rl/policy_losses.py), plus --kl_loss_coef x the KL to the
-        reference with --use_kl_loss and --positive_nll_coef x the NLL of the positive answers."""
+    def actor_loss(self, logprobs, minibatch, action_mask, entropy=None):
+        """The actor's loss on a minibatch, with the gradient through `logprobs` (the actor's now) and `entropy`
+        (its answer tokens' entropy), and its stats (floats): the --policy_loss row's loss
+        (utils/rl/policy_losses.py), plus --kl_loss_coef x the KL to the reference with --use_kl_loss and
+        --positive_nll_coef x the NLL of the positive answers, less --entropy_coef x the entropy."""
         args = self.args
         loss, policy_stats = POLICY_LOSSES[args.policy_loss].loss(logprobs, minibatch.logprobs, minibatch.advantages,
                                                                   action_mask, args)
@@ -312,6 +313,8 @@ class PPOTrainer:
             nll = positive_nll(logprobs, action_mask, minibatch.positive, args.loss_agg_mode)
             loss = loss + args.positive_nll_coef * nll
             stats["positive_nll"] = nll.item()
+        if args.entropy_coef and entropy is not None:
+            loss = loss - args.entropy_coef * aggregate_loss(entropy, action_mask, args.loss_agg_mode)
         return loss, stats
 
     def round_rows(self):

@@ -323,6 +323,25 @@ def test_kl_loss_term_is_added_to_the_actor_loss(engine, tiny_tokenizer):
     assert again["kl_loss"] > 1e-8
 
 
+def test_an_entropy_bonus_is_subtracted_from_the_actor_loss_and_raises_the_entropy(engine, tiny_tokenizer):
+    """--entropy_coef c: the actor's loss is the one without it less c x the answer tokens' mean entropy, and
+    training on that term alone (advantages of zero) raises the entropy of the same answers step after step."""
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, entropy_coef=0.5)
+    fake_answers(trainer, tiny_tokenizer)
+    first = trainer.generate_experience(prompts, prompt_mask, texts).split(GROUP)[0]
+    logprobs, entropy = trainer.answer_logprobs(trainer.actor, first.seq, first.attention_mask, first.prompt_len,
+                                                with_entropy=True)
+    assert entropy.requires_grad  # the fused output layer's entropy carries its gradient
+    with_bonus, _ = trainer.actor_loss(logprobs, first, first.action_mask, entropy)
+    without, _ = make_trainer(engine).actor_loss(logprobs, first, first.action_mask, entropy)
+    mean_entropy = (entropy * first.action_mask).sum() / first.action_mask.sum()
+    assert with_bonus.item() == pytest.approx(without.item() - 0.5 * mean_entropy.item(), abs=1e-5)
+    first.advantages = torch.zeros_like(first.advantages)  # the bonus alone
+    entropies = [trainer.train_rlhf(first)["entropy"] for _ in range(3)]
+    assert entropies[0] < entropies[1] < entropies[2], entropies
+
+
 def test_positive_nll_is_the_nll_of_the_answers_scored_at_the_threshold(engine, tiny_tokenizer):
     prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
     trainer = make_trainer(engine, use_kl_loss=True, positive_nll_coef=0.5)

@@ -44,14 +44,22 @@ def test_a_hand_worked_row():
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_and_gradients_equal_the_full_logits(chunking, temperature):
     hidden, weight, labels = inputs()
-    logprobs, entropy = linear_logprobs(hidden, weight, labels, temperature, with_entropy=True)
-    logits = hidden @ weight.t()
-    expected = logprobs_from_logits(logits.unsqueeze(0), labels.unsqueeze(0), temperature)[0]
-    torch.testing.assert_close(logprobs, expected)
-    torch.testing.assert_close(entropy, entropy_from_logits(logits.detach().unsqueeze(0), temperature)[0])
-    assert not entropy.requires_grad
-    for actual, wanted in zip(gradients(logprobs, hidden, weight), gradients(expected, hidden, weight)):
+
+    def fused():
+        return linear_logprobs(hidden, weight, labels, temperature, with_entropy=True)
+
+    def full():
+        logits = (hidden @ weight.t()).unsqueeze(0)
+        return (logprobs_from_logits(logits, labels.unsqueeze(0), temperature)[0],
+                entropy_from_logits(logits, temperature)[0])
+
+    for actual, wanted in zip(fused(), full()):
         torch.testing.assert_close(actual, wanted)
+    # The gradients of the log-probs, of the entropy (an entropy bonus), and of both in one backward pass.
+    for loss in (lambda logprobs, entropy: logprobs, lambda logprobs, entropy: entropy,
+                 lambda logprobs, entropy: logprobs * 0.3 - entropy * 0.05):
+        for actual, wanted in zip(gradients(loss(*fused()), hidden, weight), gradients(loss(*full()), hidden, weight)):
+            torch.testing.assert_close(actual, wanted)
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.37])  # what the backward pass is given (0.37: a loss scaled, say)
