@@ -431,6 +431,9 @@ def main(argv=None):
             (Path(args.output_dir) / RUN_GROUP_FILE).write_text(args.run_group + "\n")
     wall_times = {}
     for run in selected:
+        if args.deadline and run.spec.step == 3:
+            print(f"--time-budget {args.time_budget:g}: {max(0.0, args.deadline - time.time()) / 60:.1f} minutes left "
+                  f"for step 3 and the closing evaluation ({args.reserve_answers} answers)", flush=True)
         wall_times[run.name] = run_stage(args, run)
         if wall_times[run.name] is None:
             return 1

@@ -642,6 +642,8 @@ def test_the_time_budget_gives_step_3_a_deadline_and_the_closing_evaluations_ans
         train.parse_args(["--output-dir", "out", "--algorithm", "grpo", "--time-budget", "-1"])
     plain, _ = commands("--algorithm", "grpo")  # the built-in task's recipe has no budget
     assert "--deadline" not in plain["rl"]
+    lines = dry_run(*spec, "--algorithm", "grpo", "--time-budget", "12", "--output-dir", "out")
+    assert "--time-budget 12: 12.0 minutes left for step 3 and the closing evaluation (1000 answers)" in lines
 
 
 # ---------------------------------------------------------------------- an unusable --output-dir
