@@ -351,7 +351,9 @@ def answer_logprobs(model, seq, attention_mask, prompt_len, temperature=1.0, wit
         hidden = answer_logits(model, seq, attention_mask, prompt_len)  # (B, A, H)
     logprobs, entropy = linear_logprobs(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels.reshape(-1),
                                         temperature, with_entropy)
-    return logprobs.view(labels.shape), None if entropy is None else entropy.view(labels.shape)
+    if entropy is not None:
+        entropy = (entropy if entropy_grad else entropy.detach()).view(labels.shape)
+    return logprobs.view(labels.shape), entropy
 
 
 def answer_sequence_logprobs(model, input_ids, attention_mask, answer_mask):

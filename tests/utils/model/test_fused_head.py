@@ -54,10 +54,14 @@ def grouped_batch(group=2):
     return torch.cat([prompts, answers], 1), torch.cat([(prompts != PAD).long(), answer_mask], 1), prompts.shape[1]
 
 
-@pytest.mark.parametrize("with_entropy", [False, True])
-def test_answer_logprobs_equal_the_full_logits(model, with_entropy):
+@pytest.mark.parametrize("with_entropy, entropy_grad", [(False, False), (True, False), (True, True)])
+def test_answer_logprobs_equal_the_full_logits(model, with_entropy, entropy_grad):
+    """The entropy too, with its gradient where asked (an entropy bonus) and without it where not."""
     seq, mask, prompt_len = grouped_batch()
-    assert_same(model, lambda: answer_logprobs(model, seq, mask, prompt_len, 0.8, with_entropy))
+    assert_same(model, lambda: answer_logprobs(model, seq, mask, prompt_len, 0.8, with_entropy, entropy_grad))
+    if with_entropy:
+        _, entropy = answer_logprobs(model, seq, mask, prompt_len, 0.8, with_entropy, entropy_grad)
+        assert entropy.requires_grad == entropy_grad
 
 
 def test_sequence_logprobs_equal_the_full_logits(model):
