@@ -94,11 +94,10 @@ def test_a_deadline_stops_when_the_time_left_is_what_the_step_still_needs(monkey
 
 def test_the_reserve_is_setup_longest_round_one_evaluation_and_the_answers_at_the_evaluations_rate():
     reserve = Reserve(setup_s=30.0, answers=1000)
-    reserve.observe("rollouts", 2.0, 32)  # before any evaluation: the rollouts' rate
-    reserve.round_s = 5.0
+    reserve.observe_round(5.0, 2.0, 32)  # before any evaluation: the rollouts' rate
     assert reserve.seconds() == pytest.approx(30 + 5 + 1000 * 2 / 32)
-    reserve.observe("evaluation", 10.0, 100)
-    reserve.observe("rollouts", 4.0, 32)
+    reserve.observe_evaluation(10.0, 100)
+    reserve.observe_round(4.0, 4.0, 32)  # a shorter round: the longest is kept
     assert reserve.seconds() == pytest.approx(30 + 5 + 10 + 1000 * 0.1)
 
 

@@ -139,7 +139,7 @@ def main(argv=None):
     def evaluate_now():
         started = time.time()
         evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
-        reserve.observe("evaluation", time.time() - started, 2 * len(eval_prompts))  # sampled and greedy
+        reserve.observe_evaluation(time.time() - started, 2 * len(eval_prompts))  # sampled and greedy
 
     if eval_prompts and not resumed:
         evaluate_now()
@@ -173,8 +173,7 @@ def main(argv=None):
                 print_sample(experiences[0], tokenizer)
             experiences = []
             stop.observe_round(stats["trained_rows"])
-            reserve.observe("rollouts", generation_s, generated)
-            reserve.round_s = max(reserve.round_s, time.time() - round_start)
+            reserve.observe_round(time.time() - round_start, generation_s, generated)
             stop.reserve_s = reserve.seconds()
             reason = stop.reason(step, total_steps)  # --max_train_minutes, --stop_after_idle_rounds, --deadline
             if eval_prompts and (step % args.eval_interval == 0 or step == total_steps or reason):

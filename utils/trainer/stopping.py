@@ -104,12 +104,15 @@ class Reserve:
         self.round_s = self.eval_s = 0.0
         self.rates = {}  # "evaluation" / "rollouts": seconds per answer
 
-    def observe(self, kind, seconds, answers):
-        """After a round ("rollouts": its generation's seconds and answers, `round_s` its whole time) or a held-out
-        evaluation ("evaluation")."""
-        if kind == "evaluation":
-            self.eval_s = seconds
-        self.rates[kind] = seconds / max(1, answers)
+    def observe_round(self, seconds, generation_s, answers):
+        """After a round: its whole time, and its rollouts' generation time and answers."""
+        self.round_s = max(self.round_s, seconds)
+        self.rates["rollouts"] = generation_s / max(1, answers)
+
+    def observe_evaluation(self, seconds, answers):
+        """After a held-out evaluation of `answers` answers."""
+        self.eval_s = seconds
+        self.rates["evaluation"] = seconds / max(1, answers)
 
     def seconds(self):
         rate = self.rates.get("evaluation", self.rates.get("rollouts", 0.0))
