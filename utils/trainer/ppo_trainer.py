@@ -81,7 +81,7 @@ class PPOTrainer:
                 return sample(self.actor.module, prompts, prompt_mask, args.max_answer_seq_len, args.temperature,
                               args.top_p, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
                               synced=self.zero3_generation)
-        with torch.no_grad():  # no gather: `generate` calls each module, whose ZeRO-3 hooks partition it again
+        with torch.no_grad(), gathered_for_generation(self.actor):
             seq = self.actor.module.generate(
                 input_ids=prompts, attention_mask=prompt_mask, max_new_tokens=args.max_answer_seq_len,
                 do_sample=True, temperature=args.temperature, top_p=args.top_p,

@@ -41,18 +41,36 @@ def _no_inference_policies(hybrid_engine):
 @contextlib.contextmanager
 def gathered_for_generation(engine):
     """With --enable_hybrid_engine under ZeRO-3, the actor's parameters gathered whole once for a generation (its
-    memory for its speed: DeepSpeed's hybrid engine gathers every layer the same way), partitioned again after;
-    so the sampler's Llama decoder (CPUs) decodes with them in place, with no ZeRO-3 hook at any token, rather than
-    fetching each layer at every token. A module's own forward still runs its hooks, which partition the module
-    again (the model's forward on a GPU, other models): there the gather saves nothing (docs/performance.md,
-    round eight), and Hugging Face `generate` (--generation_backend hf) is never given it. Otherwise nothing."""
+    memory for its speed: DeepSpeed's hybrid engine gathers every layer the same way) and its ZeRO-3 module hooks
+    taken off meanwhile, so that no forward pass fetches or releases a layer at any token, whichever decoder runs
+    (the sampler's Llama decoder on a CPU, the model's own forward on a GPU or for other models, Hugging Face
+    `generate`); after it the hooks are put back and the parameters partitioned again. Otherwise nothing."""
     from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 
     if not (isinstance(engine, DeepSpeedHybridEngine) and engine.zero_optimization_stage() == 3):
         yield
         return
-    with gathered_whole(engine.module):
+    with gathered_whole(engine.module), zero3_hooks_off(engine):
         yield
+
+
+@contextlib.contextmanager
+def zero3_hooks_off(engine):
+    """A context in which a ZeRO-3 engine's module runs without the hooks that fetch each submodule's parameters
+    before its forward and release them after (its parameters must be gathered meanwhile); the hooks are registered
+    again after, which also makes DeepSpeed record its fetch order anew at the next forward pass."""
+    from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
+
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)  # trained, or frozen
+    for param in iter_params(offload.module, recurse=True):
+        param.ds_active_sub_modules.clear()
+    for hook in offload.forward_hooks + offload.backward_hooks:
+        hook.remove()
+    offload.forward_hooks, offload.backward_hooks = [], []
+    try:
+        yield
+    finally:
+        offload._register_deepspeed_module(offload.module)
 
 
 def gathered_whole(module):

@@ -106,14 +106,26 @@ def test_engine_at_each_zero_stage_generates_as_plain_hf(distributed, step3_mode
     native = sample(engine.actor.module, prompts, mask, 8, temperature=1e-4, eos_token_id=tiny_tokenizer.eos_token_id,
                     pad_token_id=tiny_tokenizer.pad_token_id)
     assert torch.equal(native, expected)
-    # The hybrid engine at ZeRO-3 gathers the actor whole for a generation, so the Llama decoder runs on it (no
-    # hook at any token), then partitions it again; elsewhere the context changes nothing.
+    # The hybrid engine at ZeRO-3 gathers the actor whole for a generation, with its ZeRO-3 hooks off, so the Llama
+    # decoder runs on it and the model's own forward passes (Hugging Face generate) leave it whole; after, the hooks
+    # are back and it is partitioned again. Elsewhere the context changes nothing.
+    with torch.no_grad():
+        logits_before = engine.actor(input_ids=prompts, attention_mask=mask).logits
     with gathered_for_generation(engine.actor):
         decodable = llama_decoder(engine.actor.module, 3, 24) is not None
         gathered = sample(engine.actor.module, prompts, mask, 8, temperature=1e-4,
                           eos_token_id=tiny_tokenizer.eos_token_id, pad_token_id=tiny_tokenizer.pad_token_id)
-    assert decodable == (stage != 3 or hybrid)
-    assert torch.equal(gathered, expected)
+        hf_inside = greedy(engine.actor.module, prompts, mask, tiny_tokenizer)
+        whole_after_forwards = not partitioned(engine.actor.module)
+    assert decodable == whole_after_forwards == (stage != 3 or hybrid)
+    assert torch.equal(gathered, expected) and torch.equal(hf_inside, expected)
+    assert bool(partitioned(engine.actor.module)) == (stage == 3)
+    # The hooks are back: a forward pass fetches the parameters as before the context, and a training step runs.
+    engine.actor.train()
+    logits_after = engine.actor(input_ids=prompts, attention_mask=mask).logits
+    assert torch.equal(logits_after.detach(), logits_before)
+    engine.actor.backward(logits_after.float().pow(2).mean())
+    engine.actor.step()
     assert bool(partitioned(engine.actor.module)) == (stage == 3)
 
 
