@@ -303,3 +303,19 @@ def test_train_py_passes_save_steps_resume_and_overwrite_to_every_step():
     assert all(line.endswith("--overwrite_output_dir") for line in overwrite), overwrite
     plain = run([sys.executable, "train.py", "--dry-run", "--pair-judge", "none"]).stdout
     assert "--save_steps" not in plain and "--resume" not in plain and "--overwrite_output_dir" not in plain
+
+
+@pytest.mark.e2e
+def test_step3_keeping_the_best_actor_killed_and_resumed_equals_an_uninterrupted_run(step3_model_dirs, tmp_path):
+    """--load_best_model_at_end: the best weights so far travel in each checkpoint (best.safetensors), so the
+    resumed run saves the same actor whichever side of the checkpoint its best evaluation fell on."""
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    flags = [flag for flag in CRITIC_FREE_FLAGS if flag != "--enable_ema"]
+    main = [sys.executable, str(STEP3 / "main.py"), "--actor_model_name_or_path", str(step3_model_dirs[0]), *flags,
+            "--load_best_model_at_end", "--reward_fn", f"{reward_file}:score",
+            "--data_output_path", str(tmp_path / "data")]
+    log = check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=4)
+    checkpoint = tmp_path / "resumed" / "checkpoints"
+    assert (checkpoint / (checkpoint / "latest").read_text().strip() / "best.safetensors").is_file()
+    assert "validation prompts" in log

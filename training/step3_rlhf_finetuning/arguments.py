@@ -247,6 +247,12 @@ def add_critic_free_args(parser):
              "sampled and greedy: the built-in task's or a reasoning-gym spec's with its checker, else the data's "
              "eval split (0: never).")
     add("--eval_prompts", type=int, default=100, help="How many held-out prompts --eval_interval scores.")
+    add("--load_best_model_at_end", action="store_true",
+        help="With --eval_interval: score the data's eval split (validation prompts, never trained on; for a "
+             "reasoning-gym spec or the built-in task apart from the held-out questions the closing evaluation "
+             "scores) instead of the held-out prompts, and save the actor as it was at its best evaluation (the "
+             "mean of the sampled and greedy scores; a tie keeps the earlier, so RL that never beats the starting "
+             "actor returns it) rather than as it ends. The critic is saved as it ends.")
 
 
 def add_output_args(parser):
@@ -267,6 +273,12 @@ def check_args(args):
         times = f" x --num_samples_per_prompt ({group})" if group > 1 else ""
         raise ConfigError(f"--per_device_generation_batch_size ({args.per_device_generation_batch_size}){times} must "
                           f"be a multiple of --per_device_training_batch_size ({args.per_device_training_batch_size})")
+    if args.load_best_model_at_end and (args.eval_interval <= 0 or args.eval_prompts <= 0):
+        raise ConfigError("--load_best_model_at_end needs --eval_interval and --eval_prompts above 0 (the "
+                          "evaluations it picks the best of)")
+    if args.load_best_model_at_end and args.enable_ema:
+        raise ConfigError("--load_best_model_at_end keeps the actor's best weights, not the moving average's: drop "
+                          "--enable_ema or --load_best_model_at_end")
     if args.only_optimize_lora and args.actor_lora_dim <= 0 and args.critic_lora_dim <= 0:
         raise ConfigError("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim > 0")
     if args.inference_tp_size > 1 and args.actor_zero_stage != 3:

@@ -7,11 +7,12 @@ built-in task's checker), subtracts a KL penalty against the frozen reference (o
 REINFORCE++), then runs --ppo_epochs passes of clipped-PPO updates over minibatches of the experience (with
 --positive_nll_coef, the policy loss plus the NLL of the answers that scored well; with
 --unsupervised_dataset_name, a language-modelling step on plain text per minibatch, scaled by --unsup_coef).
-With --eval_interval N the actor is scored on held-out prompts every N steps. With --tools the actor may call
+With --eval_interval N the actor is scored on held-out prompts every N steps (with --load_best_model_at_end on
+validation prompts, and the best-scoring actor is the one saved). With --tools the actor may call
 a tool in its answers (inference/tool_rollout.py), and the evaluations score it with and without. Saves
 `actor/`, `critic/` (GAE only) and, with --enable_ema, `actor_ema/` in --output_dir.
 With --save_steps N a resumable checkpoint (the engines, the EMA, the KL controller, reward moments, minibatch
-shuffler, metric history and evaluations) is written between PPO rounds every N prompt batches, and --resume
+shuffler, metric history, evaluations and the best actor's weights) is written between PPO rounds every N prompt batches, and --resume
 continues from the latest one exactly as the uninterrupted run would have gone on.
 """
 import sys
@@ -38,6 +39,7 @@ from utils.runtime.args import column_keys, rollouts_per_batch, training_flags
 from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.progress import progress
+from utils.trainer.best import BestWeights
 from utils.trainer.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
                                       python_random_state, set_python_random_state)
 from utils.trainer.engine import start_run, step_budget, write_metrics
@@ -76,7 +78,8 @@ def main(argv=None):
 
     prompt_dataset, eval_dataset = build(data_bound(args.max_prompt_seq_len))
     fit_auto_lengths(args, args.data_path, tokenizer, prompt_dataset, eval_dataset, rebuild=build)
-    eval_prompts, eval_checker = heldout_prompts(args, eval_dataset) if args.eval_interval else ([], None)
+    eval_prompts, eval_checker = ([], None) if not args.eval_interval else (
+        validation_prompts(args, eval_dataset) if args.load_best_model_at_end else heldout_prompts(args, eval_dataset))
     # Every round has a whole generation batch (a short last one would not split into training minibatches).
     prompt_loader = make_dataloader(prompt_dataset, DataCollatorRLHF(tokenizer.pad_token_id),
                                     args.per_device_generation_batch_size, True, args.seed, full_batches=True)
@@ -121,14 +124,18 @@ def main(argv=None):
     position = TrainingPosition(prompt_loader)
     trained = {name: model for name, model in (("actor", engine.actor), ("critic", engine.critic))
                if model is not None}
+    best = BestWeights(engine.actor) if args.load_best_model_at_end else None
     checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, trained, position,
-                                weights={"actor_ema": engine.actor_ema}, flags=training_flags(args, step=3))
+                                weights={"actor_ema": engine.actor_ema}, flags=training_flags(args, step=3),
+                                tensors={"best": best})
     shuffler = random.Random(args.seed)
     history, evaluations, experiences, step = [], [], [], 0
     resumed = checkpointer.resume() if args.resume else None
     if resumed:
         step, history, evaluations = resumed["step"], resumed["history"], resumed["evaluations"]
         trainer.load_state_dict(resumed["trainer"])
+        if best is not None:
+            best.load_state_dict(resumed["best"])
         set_python_random_state(resumed["shuffler"], shuffler)
         if unsup_batches is not None:
             unsup_batches.skip(resumed["unsup_batches_drawn"])
@@ -138,7 +145,10 @@ def main(argv=None):
 
     def evaluate_now():
         started = time.time()
-        evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor))
+        evaluations.append(evaluate(trainer, eval_prompts, eval_checker, step, monitor,
+                                    "validation" if best is not None else "held-out"))
+        if best is not None and best.observe(step, selection_score(evaluations[-1])):
+            print_rank_0(f"best so far: step {step} (validation score {best.score:.4f})")
         reserve.observe_evaluation(time.time() - started, 2 * len(eval_prompts))  # sampled and greedy
 
     if eval_prompts and not resumed:
@@ -181,7 +191,8 @@ def main(argv=None):
             checkpointer.save_if_due(step, step if reason else total_steps, {
                 "history": history, "evaluations": evaluations, "trainer": trainer.state_dict(),
                 "shuffler": python_random_state(shuffler), "stop": stop.state_dict(),
-                "unsup_batches_drawn": unsup_batches.drawn if unsup_batches is not None else 0})
+                "unsup_batches_drawn": unsup_batches.drawn if unsup_batches is not None else 0,
+                "best": best.state_dict() if best is not None else None})
             if reason:
                 break
             round_start, generation_s, generated = time.time(), 0.0, 0
@@ -191,7 +202,16 @@ def main(argv=None):
     monitor.close()
 
     # Save (each folder with its model card; the wall time in metrics.json counts the saves)
-    metrics = summarize(history, evaluations, time.time() - start_time)
+    kept = evaluations
+    if best is not None and best.step is not None:
+        if best.step != step:
+            best.restore()
+            print_rank_0(f"--load_best_model_at_end: the actor of step {best.step} is saved (validation score "
+                         f"{best.score:.4f}, against {selection_score(evaluations[-1]):.4f} at step {step})")
+        kept = evaluations[:1] + [evaluation for evaluation in evaluations if evaluation["step"] == best.step][-1:]
+    metrics = summarize(history, kept, time.time() - start_time)
+    if best is not None:
+        metrics.update(best_step=best.step, best_validation_score=best.score)
     metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps)
     if engine.critic is not None:
         metrics.update(critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
@@ -244,12 +264,32 @@ def heldout_prompts(args, eval_dataset):
     return [sample["prompt"] for sample in eval_dataset][:args.eval_prompts], None
 
 
-def evaluate(trainer, prompts, checker, step, monitor):
-    """Score the actor on the held-out prompts (PPOTrainer.evaluate); log it to the console and TensorBoard."""
+def validation_prompts(args, eval_dataset):
+    """(prompts, checker) --eval_interval scores with --load_best_model_at_end, the first --eval_prompts: the
+    prompts of the data's eval split, never trained on and, for data with held-out questions (the built-in task, a
+    reasoning-gym spec), apart from them, scored by the same checker as those; other data's closing evaluation reads
+    this split too (its figures are then those the actor was chosen on)."""
+    prompts = [sample["prompt"] for sample in eval_dataset][:args.eval_prompts]
+    if not prompts:
+        raise ConfigError(f"--load_best_model_at_end: {args.data_path} has no eval split to pick the best actor on "
+                          "(--data_split gives it a share)")
+    return prompts, heldout_set(args.data_path)[1] if has_checker(args.data_path) else None
+
+
+def selection_score(evaluation):
+    """What --load_best_model_at_end compares: the mean of the sampled and greedy scores (the checker's, else the
+    mean reward)."""
+    return sum(evaluation[decoding].get("all", evaluation[decoding].get("reward"))
+               for decoding in ("sampled", "greedy")) / 2
+
+
+def evaluate(trainer, prompts, checker, step, monitor, which="held-out"):
+    """Score the actor on the held-out (or validation) prompts (PPOTrainer.evaluate); log it to the console and
+    TensorBoard."""
     scores = trainer.evaluate(prompts, checker)
     for decoding, values in scores.items():
         monitor.write(step, f"eval_{decoding}", **values)
-    print_rank_0(f"eval at step {step} ({len(prompts)} held-out prompts): "
+    print_rank_0(f"eval at step {step} ({len(prompts)} {which} prompts): "
                  + " | ".join(f"{decoding} {format_scalars(**values)}" for decoding, values in scores.items()))
     return {"step": step, **scores}
 

@@ -9,6 +9,7 @@ A checkpoint holds everything a run's future depends on:
             model/                DeepSpeed's engine.save_checkpoint (weights, optimizer, LR scheduler), one
                                   folder per trained engine (step 3: actor/, critic/)
             actor_ema.safetensors weights of a model without an optimizer (step 3's EMA)
+            best.safetensors      tensors a run keeps besides its models (step 3's --load_best_model_at_end), rank 0
             state.json            the step, the trainer's own state (metrics so far; for PPO the KL
                                   controller, reward moments, minibatch shuffler, metric history), rank 0
             position_rank0.json   per rank: where the run is in its data, and every random generator's state
@@ -320,6 +321,8 @@ class Checkpointer:
 
     engines   {name: DeepSpeed engine} trained with an optimizer: saved with `engine.save_checkpoint`
     weights   {name: DeepSpeed engine} without an optimizer (step 3's EMA): its weights as safetensors
+    tensors   {name: object} whose `state_tensors()` (the same on every rank) rank 0 saves as safetensors and whose
+              `load_state_tensors(tensors)` every rank is given on resume (step 3's best weights)
     position  the run's TrainingPosition
     flags     the flags that shape training (utils.runtime.args.training_flags): recorded with each checkpoint, and a
               resume with other ones is refused, naming each difference
@@ -327,12 +330,14 @@ class Checkpointer:
     Every rank must call `save_if_due`, `save` and `resume` (they gather, and wait for each other).
     """
 
-    def __init__(self, output_dir, save_steps, save_total_limit, engines, position, weights=None, flags=None):
+    def __init__(self, output_dir, save_steps, save_total_limit, engines, position, weights=None, flags=None,
+                 tensors=None):
         self.root = Path(output_dir) / CHECKPOINTS
         self.flags = resolved_flags(flags or {})
         self.save_steps, self.save_total_limit = save_steps, save_total_limit
         self.engines, self.position = engines, position
         self.weights = {name: engine for name, engine in (weights or {}).items() if engine is not None}
+        self.tensors = {name: holder for name, holder in (tensors or {}).items() if holder is not None}
         self.last_step = 0
         self.kept = []  # this run's checkpoints, oldest first (a fresh run does not count an earlier run's)
 
@@ -386,6 +391,9 @@ class Checkpointer:
             engine.save_checkpoint(str(tmp), tag=name, save_latest=False)
         for name, engine in self.weights.items():
             _save_weights(engine, tmp / f"{name}.safetensors")
+        for name, holder in self.tensors.items():
+            if rank == 0:
+                save_safetensors(holder.state_tensors(), tmp / f"{name}.safetensors")
         _write_json(tmp / f"position_rank{rank}.json",
                     {"data": self.position.state_dict(), "rng": rng_state()})
         if rank == 0:
@@ -435,6 +443,8 @@ class Checkpointer:
             engine.micro_steps = saved["micro_steps"][name]  # DeepSpeed restores global_steps, not micro_steps
         for name, engine in self.weights.items():
             _load_weights(engine, path / f"{name}.safetensors")
+        for name, holder in self.tensors.items():
+            holder.load_state_tensors(load_safetensors(path / f"{name}.safetensors"))
         position = _read_json(path / f"position_rank{rank}.json")
         self.position.load_state_dict(position["data"], rng=position["rng"])
         self.last_step = saved["step"]
