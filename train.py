@@ -175,9 +175,22 @@ def step_flags(args):
     return flags
 
 
+STEP_ARGS = ("--step1-args", "--step2-args", "--step3-args")
+
+
+def joined_step_args(argv):
+    """argv with each `--stepN-args VALUE` written `--stepN-args=VALUE`, so that a value that is one flag alone
+    (`--step3-args --enable_ema`) is that flag's value rather than an option argparse does not know."""
+    joined, rest = [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        joined.append(f"{arg}={rest.pop(0)}" if arg in STEP_ARGS and rest else arg)
+    return joined
+
+
 def parse_args(argv=None):
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = joined_step_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     # A step's own --data_path: that data decides what a reward function scores, not --data-path.
     data_set_by_step = any(flag.startswith("--data_path") for flags in step_flags(args).values() for flag in flags)

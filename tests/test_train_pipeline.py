@@ -158,6 +158,10 @@ def test_each_stage_starts_from_the_outputs_before_it_by_named_flags():
 def test_step_3_with_ema_is_evaluated_on_its_moving_average():
     _, evaluation = commands("--step3-args=--enable_ema --ema_beta 0.99")
     assert flag(evaluation, "--model_name_or_path_finetune") == "out/step3-models/tiny/actor_ema"
+    # A value that is one flag alone is the value, also written apart from its --stepN-args.
+    stage_commands, evaluation = commands("--step3-args", "--enable_ema", "--step1-args", "--lora_dim 0")
+    assert stage_commands["ppo"][-1] == "--enable_ema" and stage_commands["sft"][-2:] == ["--lora_dim", "0"]
+    assert flag(evaluation, "--model_name_or_path_finetune") == "out/step3-models/tiny/actor_ema"
     _, evaluation = commands("--algorithm", "dpo", "--pair-judge", "none", "--step2-args=--beta 0.2")
     assert flag(evaluation, "--model_name_or_path_finetune") == "out/dpo-models/tiny"
 
