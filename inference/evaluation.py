@@ -101,6 +101,16 @@ def heldout_set(data_paths, seed=1234, columns=None):
     return prompts, checker
 
 
+def gym_validation_prompts(data_paths):
+    """The prompts of the eval parts of reasoning-gym specs (each spec's tasks in turn): questions no step trains on
+    and the closing evaluation never reads, whole whatever --data_split gives each step; None unless every data
+    path is such a spec (other data's steps have their own eval splits)."""
+    data_paths = [data_paths] if isinstance(data_paths, str) else list(data_paths or ["builtin"])
+    if not all(path.startswith("reasoning_gym:") for path in data_paths):
+        return None
+    return [item.prompt for path in data_paths for item in gym_data(path).parts["eval"]]
+
+
 def read_prompts_file(path):
     """Prompts from a file: JSON lines with a string field `prompt` (other fields ignored), or plain text with
     one prompt per line. Each prompt is used verbatim (write it formatted, e.g. " Human: ... Assistant:");

@@ -139,3 +139,18 @@ def test_generate_says_which_answers_ended_before_the_limit(tiny, monkeypatch):
     answers, ended = generate(model, tokenizer, prompts, max_new_tokens=1, greedy=True, return_ended=True)
     assert answers[0] == "" and ended == [token in (tokenizer.eos_token_id, first[0]) for token in first]
     assert generate(model, tokenizer, prompts, max_new_tokens=1, greedy=True) == answers  # the plain call
+
+
+def test_validation_prompts_are_a_specs_whole_eval_part_apart_from_its_held_out_and_train_questions():
+    pytest.importorskip("reasoning_gym")
+    from inference.evaluation import gym_validation_prompts
+    from utils.data.reasoning_gym_data import gym_data
+
+    spec = "reasoning_gym:gcd?min_numbers=3&max_numbers=3&size=300"
+    validation = gym_validation_prompts(spec)
+    heldout, _ = heldout_set(spec)
+    train = {item.prompt for item in gym_data(spec).parts["train"]}
+    assert len(validation) == 30 and len(set(validation)) == 30  # 10% of 300, none twice
+    assert not set(validation) & set(heldout) and not set(validation) & train
+    assert gym_validation_prompts([spec, spec]) == validation * 2
+    assert gym_validation_prompts("builtin") is None and gym_validation_prompts([spec, "builtin"]) is None

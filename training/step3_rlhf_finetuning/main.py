@@ -25,7 +25,7 @@ import itertools
 import random
 import time
 
-from inference.evaluation import TOOL_FIGURES, has_checker, heldout_set
+from inference.evaluation import TOOL_FIGURES, gym_validation_prompts, has_checker, heldout_set
 from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
                                    create_unsupervised_dataset, data_bound, data_metrics, fit_auto_lengths,
@@ -265,11 +265,12 @@ def heldout_prompts(args, eval_dataset):
 
 
 def validation_prompts(args, eval_dataset):
-    """(prompts, checker) --eval_interval scores with --load_best_model_at_end, the first --eval_prompts: the
-    prompts of the data's eval split, never trained on and, for data with held-out questions (the built-in task, a
-    reasoning-gym spec), apart from them, scored by the same checker as those; other data's closing evaluation reads
-    this split too (its figures are then those the actor was chosen on)."""
-    prompts = [sample["prompt"] for sample in eval_dataset][:args.eval_prompts]
+    """(prompts, checker) --eval_interval scores with --load_best_model_at_end, the first --eval_prompts: questions
+    never trained on and, for data with held-out questions (the built-in task, reasoning-gym specs), apart from them,
+    scored by the same checker: a reasoning-gym spec's whole eval part, else the prompts of step 3's eval split
+    (other data's closing evaluation reads that split too: its figures are then those the actor was chosen on)."""
+    prompts = gym_validation_prompts(args.data_path)
+    prompts = (prompts if prompts is not None else [sample["prompt"] for sample in eval_dataset])[:args.eval_prompts]
     if not prompts:
         raise ConfigError(f"--load_best_model_at_end: {args.data_path} has no eval split to pick the best actor on "
                           "(--data_split gives it a share)")
