@@ -209,7 +209,7 @@ def main(argv=None):
             print_rank_0(f"--load_best_model_at_end: the actor of step {best.step} is saved (validation score "
                          f"{best.score:.4f}, against {selection_score(evaluations[-1]):.4f} at step {step})")
         kept = evaluations[:1] + [evaluation for evaluation in evaluations if evaluation["step"] == best.step][-1:]
-    metrics = summarize(history, kept, time.time() - start_time)
+    metrics = summarize(history, kept, time.time() - start_time, "validation" if best is not None else "heldout")
     if best is not None:
         metrics.update(best_step=best.step, best_validation_score=best.score)
     metrics.update(actor_optimizer_steps=engine.actor.global_steps, actor_scheduled_steps=actor_steps)
@@ -299,10 +299,10 @@ ANSWER_FIGURES = ("best_constant", "distinct_answers", "top_answer_share", "hit_
 """What an evaluation says of the answers (inference.evaluation.answer_scalars), kept in metrics.json."""
 
 
-def summarize(history, evaluations, wall_time):
+def summarize(history, evaluations, wall_time, prefix="heldout"):
     """Mean score and KL over the first and last tenth of the run, the first and last held-out evaluation (the
-    checker's mean score when there is one, else the mean reward, and what the answers were: ANSWER_FIGURES), and
-    the wall time."""
+    checker's mean score when there is one, else the mean reward, and what the answers were: ANSWER_FIGURES; keys
+    `<prefix>_<decoding>_...`, "validation" with --load_best_model_at_end), and the wall time."""
     if not history:
         return {"wall_time_s": wall_time}
     window = max(1, len(history) // 10)
@@ -313,10 +313,10 @@ def summarize(history, evaluations, wall_time):
     for when, evaluation in (("start", evaluations[:1]), ("end", evaluations[-1:])):
         for decoding in ("sampled", "greedy"):
             for scores in evaluation:
-                metrics[f"heldout_{decoding}_{when}"] = scores[decoding].get("all", scores[decoding].get("reward"))
+                metrics[f"{prefix}_{decoding}_{when}"] = scores[decoding].get("all", scores[decoding].get("reward"))
                 for name in ANSWER_FIGURES + TOOL_FIGURES:
                     if name in scores[decoding]:  # best_constant: only with a checker; tool figures with --tools
-                        metrics[f"heldout_{decoding}_{name}_{when}"] = scores[decoding][name]
+                        metrics[f"{prefix}_{decoding}_{name}_{when}"] = scores[decoding][name]
     return {**metrics, "wall_time_s": wall_time}
 
 

@@ -139,6 +139,9 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
             rows.append((name, "mean score (first -> last tenth)", _change(metrics, "score_start", "score_end")))
             rows.append((name, "KL to reference, nats per answer (last tenth)", _fmt(metrics.get("kl_end"))))
             rows.append((name, "answers ending in EOS (last tenth)", _fmt(metrics.get("eos_fraction_end"))))
+            if "best_step" in metrics:  # --load_best_model_at_end
+                rows.append((name, "actor saved: its best validation evaluation (score)",
+                             f"step {metrics['best_step']} ({_fmt(metrics.get('best_validation_score'))})"))
             rows += data_rows(name, metrics, steps="steps (prompt batches)")
             rows += variant_rows(stage, stage_dirs[stage], name)
     if evaluation and {"baseline", "finetune"} <= set(evaluation):

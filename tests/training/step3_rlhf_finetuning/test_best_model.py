@@ -56,6 +56,9 @@ def test_the_actor_saved_is_the_one_of_its_best_validation_score(step3_model_dir
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["best_step"] == best_step and metrics["actor_optimizer_steps"] > 0
     assert abs(metrics["best_validation_score"] - scores[best_step]) < 1e-6
+    assert "heldout_sampled_end" not in metrics  # the evaluations scored validation prompts, and say so
+    assert (metrics["validation_sampled_end"] + metrics["validation_greedy_end"]) / 2 == \
+        pytest.approx(scores[best_step])  # "end": the actor saved, at its best step
     saved = load_file(out / "actor" / "model.safetensors")
     if best_step == 0:
         expected = load_file(actor_dir / "model.safetensors")
