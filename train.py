@@ -35,8 +35,9 @@ from pathlib import Path
 
 import psutil
 
-from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, checker_defaults, closing_answers,
-                               evaluation_command, has_step3, plan, run_inputs, step_command, train_recipe)
+from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, check_step_flags, checker_defaults,
+                               closing_answers, evaluation_command, has_step3, plan, run_inputs, step_command,
+                               train_recipe)
 from utils.runtime.args import add_column_args, column_keys, registry_help
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
@@ -435,6 +436,7 @@ def main(argv=None):
               f"from {args.actor_model}", flush=True)
     if not selected:
         raise ConfigError(f"--step {' '.join(map(str, args.step))}: nothing to run for --algorithm {args.algorithm}")
+    check_step_flags(args, runs)
     check_round_flags(args, runs)
     if args.deadline:
         args.reserve_answers = closing_answers(args, runs)

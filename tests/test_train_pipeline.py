@@ -459,6 +459,20 @@ def test_pair_rounds_refuse_step_2_flags_that_set_a_rounds_start_output_or_pairs
         "pairs)"]
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["--step3-args", "--bogus_flag"], "error: --step3-args --bogus_flag: unrecognized arguments: --bogus_flag"),
+    (["--step3-args", "--load_best_model_at_end"], "error: --step3-args --load_best_model_at_end: "
+     "--load_best_model_at_end needs --eval_interval and --eval_prompts above 0 (the evaluations it picks the best of)"),
+    (["--algorithm", "grpo", "--step1-args", "--max_steps 3 --nope 1"], "error: --step1-args --max_steps 3 --nope 1: "
+     "unrecognized arguments: --nope 1"),
+])
+def test_a_step_flag_the_step_refuses_is_one_error_before_any_step_runs(argv, expected, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, err = run_main(["--output-dir", str(out), *argv], capsys)
+    assert code == 2 and error_lines(err) == [expected]
+    assert "---- step" not in stdout and not out.exists()  # nothing ran, nothing was written
+
+
 def test_pair_rounds_take_other_step_2_flags_and_refuse_ones_the_step_refuses():
     args = train.parse_args(["--output-dir", "out", "--algorithm", "dpo", "--pair-rounds", "2", "--step2-args",
                              "--beta=0.2 --data_split 1,1 --ref_model_name_or_path tiny"])

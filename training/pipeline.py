@@ -353,6 +353,32 @@ def step_command(args, run):
             *shlex.split(getattr(args, f"step{spec.step}_args"))]
 
 
+def step_parser(folder):
+    """The `parse_args` of the step in training/<folder>/main.py, imported without the OpenMP defaults importing it
+    sets (each launch decides those for itself)."""
+    environ = dict(os.environ)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's notes on loading, off the printed commands
+            return importlib.import_module(f"training.{folder}.main").parse_args
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def check_step_flags(args, runs):
+    """Parse each command of the steps to run that carries --stepN-args with that step's own parse_args before any
+    step runs, so that a flag the step refuses (unknown, out of its range, a combination it cannot run with the
+    recipe's flags) is one error line at once, not after the steps before it have trained."""
+    for run in runs:
+        user_flags = shlex.split(getattr(args, f"step{run.spec.step}_args"))
+        if run.spec.script or run.spec.step not in args.step or not user_flags:
+            continue
+        try:
+            step_parser(run.spec.folder)(step_command(args, run)[2:])
+        except ConfigError as err:
+            raise ConfigError(f"--step{run.spec.step}-args {shlex.join(user_flags)}: {err}") from None
+
+
 def check_round_flags(args, runs):
     """Refuse --stepN-args that set what train.py sets for each round of --pair-rounds (ROUND_FLAGS), as the step
     reads its flags: `--output_dir=X` and an abbreviation such as `--output_d X` count. Round 2's command is parsed
@@ -362,13 +388,7 @@ def check_round_flags(args, runs):
     if not user_flags:
         return
     command = step_command(args, later)[2:]
-    environ = dict(os.environ)  # importing a step sets its OpenMP defaults, which each launch decides for itself
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's notes on loading, off the printed commands
-            parse = importlib.import_module(f"training.{later.spec.folder}.main").parse_args
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
+    parse = step_parser(later.spec.folder)
     try:
         given = parse(command)
     except ConfigError as err:
