@@ -462,7 +462,8 @@ def test_pair_rounds_refuse_step_2_flags_that_set_a_rounds_start_output_or_pairs
 @pytest.mark.parametrize("argv, expected", [
     (["--step3-args", "--bogus_flag"], "error: --step3-args --bogus_flag: unrecognized arguments: --bogus_flag"),
     (["--step3-args", "--load_best_model_at_end"], "error: --step3-args --load_best_model_at_end: "
-     "--load_best_model_at_end needs --eval_interval and --eval_prompts above 0 (the evaluations it picks the best of)"),
+     "--load_best_model_at_end needs --eval_interval and --eval_prompts above 0 (the evaluations it picks the best "
+     "of)"),
     (["--algorithm", "grpo", "--step1-args", "--max_steps 3 --nope 1"], "error: --step1-args --max_steps 3 --nope 1: "
      "unrecognized arguments: --nope 1"),
 ])

@@ -8,12 +8,12 @@ REINFORCE++), then runs --ppo_epochs passes of clipped-PPO updates over minibatc
 --positive_nll_coef, the policy loss plus the NLL of the answers that scored well; with
 --unsupervised_dataset_name, a language-modelling step on plain text per minibatch, scaled by --unsup_coef).
 With --eval_interval N the actor is scored on held-out prompts every N steps (with --load_best_model_at_end on
-validation prompts, and the best-scoring actor is the one saved). With --tools the actor may call
-a tool in its answers (inference/tool_rollout.py), and the evaluations score it with and without. Saves
-`actor/`, `critic/` (GAE only) and, with --enable_ema, `actor_ema/` in --output_dir.
+validation prompts, and the best-scoring actor is the one saved). With --tools the actor may call a tool in its
+answers (inference/tool_rollout.py), and the evaluations score it with and without. Saves `actor/`, `critic/`
+(GAE only) and, with --enable_ema, `actor_ema/` in --output_dir.
 With --save_steps N a resumable checkpoint (the engines, the EMA, the KL controller, reward moments, minibatch
-shuffler, metric history, evaluations and the best actor's weights) is written between PPO rounds every N prompt batches, and --resume
-continues from the latest one exactly as the uninterrupted run would have gone on.
+shuffler, metric history, evaluations and the best actor's weights) is written between PPO rounds every N prompt
+batches, and --resume continues from the latest one exactly as the uninterrupted run would have gone on.
 """
 import sys
 from pathlib import Path

@@ -1,6 +1,8 @@
 """Tests of step 3's RLHF engine with real DeepSpeed engines in this process (a world of one): the four models at
 ZeRO stages 0, 2 and 3, with and without the hybrid engine (native generate, greedy output equal to plain
-Hugging Face, and so is inference/sampling.py's at a near-zero temperature), LoRA, the EMA copy (exact lerp update, kept after a ZeRO-3 gather ends) and an offloaded reference.
+Hugging Face, and so is inference/sampling.py's at a near-zero temperature; the hybrid engine's ZeRO-3 actor whole and
+without hooks while it generates), LoRA, the EMA copy (exact lerp update, kept after a ZeRO-3 gather ends) and an
+offloaded reference.
 
 The step-1 and step-2 folders come from the session fixture `step3_model_dirs` (tests/conftest.py); their configs
 carry dropout 0.1, which the engine must switch off."""
