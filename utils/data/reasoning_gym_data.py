@@ -16,7 +16,10 @@ Keys are the fields of the task's config dataclass (reasoning_gym.factory.DATASE
 - `tool_traces=python`: step 1's answers compute the answer with the Python tool before giving it,
   ` <tool>print(EXPR)</tool><output>ANSWER</output> ANSWER` (utils/runtime/tool_format.py), EXPR the question's
   expression (tasks whose items carry one: basic_arithmetic, chain_sum, products), ANSWER its reference answer:
-  step 1 then teaches the tool calls that step 3's --tools runs.
+  step 1 then teaches the tool calls that step 3's --tools runs;
+- `tool_trace_share=F` (with tool_traces; 0 < F <= 1, default 1): only that share of the questions (by a stable
+  hash of their text) gets a traced answer, the others the plain one: a step 1 that shows the tool on some
+  questions, as a cold start from which RL with --tools can learn when to call it.
 Values are converted to the field's type: int, float, str, bool (true/false, 1/0, yes/no), None (`none`) where
 the field is Optional, a Literal's or Enum's value, an ISO date or time, and sequences (list[...], tuple[...])
 as `|`-separated elements, e.g. `operators=+|-`. Percent escapes are decoded (`%2C` is a comma, `%26` a `&`).
@@ -110,6 +113,7 @@ class TaskSpec:
     size: int = DEFAULT_SIZE
     seed: int = DEFAULT_SEED
     tool_traces: str | None = None  # the tool step 1's answers call (TRACED_TOOLS), None: plain answers
+    tool_trace_share: float = 1.0  # the share of questions whose answer is traced (the others plain)
 
     def __str__(self):
         """Canonical text, e.g. `chain_sum?max_terms=2&min_terms=2&seed=1234&size=2000`; settings left at their
@@ -119,6 +123,7 @@ class TaskSpec:
                 and getattr(self.config, f.name) != getattr(defaults, f.name)]
         settings = [f"{key}={getattr(self.config, key)!r}" for key in sorted(keys)]
         traces = [f"tool_traces={self.tool_traces}"] if self.tool_traces else []
+        traces += [f"tool_trace_share={self.tool_trace_share:g}"] if self.tool_trace_share != 1 else []
         return f"{self.task}?" + "&".join(settings + [f"seed={self.seed}", f"size={self.size}"] + traces)
 
 
@@ -154,7 +159,7 @@ def _parse_task(piece: str, spec: str) -> TaskSpec:
     config_cls = registry[task][1]
     fields = {f.name: f for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")}
     hints = _type_hints(config_cls)
-    values, size, seed, keys, traces = {}, DEFAULT_SIZE, DEFAULT_SEED, set(), None
+    values, size, seed, keys, traces, share = {}, DEFAULT_SIZE, DEFAULT_SEED, set(), None, 1.0
     for setting in filter(None, query.split("&")):
         key, equals, text = setting.partition("=")
         key, text = key.strip(), unquote(text.strip())
@@ -172,10 +177,14 @@ def _parse_task(piece: str, spec: str) -> TaskSpec:
             if text not in TRACED_TOOLS:
                 raise ConfigError(f"{where}={text} must be one of {', '.join(TRACED_TOOLS)}")
             traces = text
+        elif key == "tool_trace_share":
+            share = convert_value(text, float, None, where)
+            if not 0 < share <= 1:
+                raise ConfigError(f"{where}={text} must be above 0 and at most 1")
         elif key in fields:
             values[key] = convert_value(text, hints.get(key, fields[key].type), _default(fields[key]), where)
         else:
-            valid = sorted(fields) + ["seed", "size", "tool_traces"]
+            valid = sorted(fields) + ["seed", "size", "tool_trace_share", "tool_traces"]
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise ConfigError(f"{PREFIX}{task}: unknown key '{key}' ({hint}valid keys: {', '.join(valid)})")
@@ -186,7 +195,9 @@ def _parse_task(piece: str, spec: str) -> TaskSpec:
     except (AssertionError, ValueError, TypeError) as err:
         raise ConfigError(f"{PREFIX}{piece}: reasoning-gym refuses this configuration "
                           f"({type(err).__name__}: {err or 'invalid'})") from None
-    return TaskSpec(task, config, size, seed, traces)
+    if share != 1 and traces is None:
+        raise ConfigError(f"{PREFIX}{task}: tool_trace_share needs tool_traces (the tool the traced answers call)")
+    return TaskSpec(task, config, size, seed, traces, share)
 
 
 def _type_hints(config_cls) -> dict:
@@ -402,16 +413,23 @@ class GymData:
         a question without a reference answer, rejected is None when no wrong answer was found."""
         if part not in self._rows:
             items = self.parts[part]
-            traced = {task_spec.task for task_spec in self.task_specs if task_spec.tool_traces}
+            shares = {task_spec.task: task_spec.tool_trace_share for task_spec in self.task_specs
+                      if task_spec.tool_traces}
             self._rows[part] = []
             for index, item in enumerate(items):
                 answer = item.answer
                 rejected = None if answer is None else _rejected_answer(items, index)
-                chosen = None if answer is None else tool_trace(item) if item.task in traced else " " + answer
+                traced = item.task in shares and _trace_bucket(item) < shares[item.task]
+                chosen = None if answer is None else tool_trace(item) if traced else " " + answer
                 self._rows[part].append({"prompt": item.prompt, "chosen": chosen,
                                          "rejected": None if rejected is None else " " + rejected,
                                          "task": item.task})
         return self._rows[part]
+
+
+def _trace_bucket(item: Item) -> float:
+    """A number in [0, 1) fixed by the item's task and text: `tool_trace_share=F` traces the items below F."""
+    return zlib.crc32(f"{PART_SALT}:trace:{item.task}:{item.prompt}".encode("utf-8")) % 10_000 / 10_000
 
 
 def tool_trace(item: Item) -> str:

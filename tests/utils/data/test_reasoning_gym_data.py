@@ -105,8 +105,11 @@ def test_settings_are_converted_to_the_fields_types():
     ("reasoning_gym:nothing_like_it", "unknown reasoning-gym task (reasoning_gym.factory.DATASETS lists them)"),
     ("reasoning_gym:chain_sum?min_term=2", "unknown key 'min_term' (did you mean min_terms? valid keys: "
                                            "allow_negation, max_digits, max_terms, min_digits, min_terms, seed, size, "
-                                           "tool_traces)"),
+                                           "tool_trace_share, tool_traces)"),
     ("reasoning_gym:chain_sum?tool_traces=bash", "reasoning_gym:chain_sum: tool_traces=bash must be one of python"),
+    ("reasoning_gym:chain_sum?tool_trace_share=0.5", "chain_sum: tool_trace_share needs tool_traces"),
+    ("reasoning_gym:chain_sum?tool_traces=python&tool_trace_share=0", "tool_trace_share=0 must be above 0 and at most 1"),
+    ("reasoning_gym:chain_sum?tool_traces=python&tool_trace_share=half", "tool_trace_share=half is not a float"),
     ("reasoning_gym:chain_sum?min_terms=two", "reasoning_gym:chain_sum: min_terms=two is not an int"),
     ("reasoning_gym:chain_sum?allow_negation=maybe", "allow_negation=maybe is not a boolean"),
     ("reasoning_gym:basic_arithmetic?format_style=fancy", "format_style=fancy must be one of simple, natural"),
@@ -269,5 +272,15 @@ def test_tool_traces_compute_the_reference_answer_with_the_tool():
         assert code == f"print({item.entry['metadata']['expression']})"
         assert run_python(code).output.strip() == item.answer
         assert fmt.final_answer(row["chosen"]).strip() == item.answer and item.score(fmt.final_answer(row["chosen"]))
+    # tool_trace_share: that share of the questions traced, the same ones in every run, the others plain.
+    half_spec = spec + "&size=100&tool_traces=python&tool_trace_share=0.5"
+    half = fresh(half_spec)
+    assert "tool_trace_share=0.5" in str(half.task_specs[0])
+    chosen = [row["chosen"] for row in half.rows("train")]
+    traced_rows = [answer for answer in chosen if fmt.parse_call(answer)]
+    assert 0.35 < len(traced_rows) / len(chosen) < 0.65
+    assert set(traced_rows) <= {row["chosen"] for row in fresh(spec + "&size=100&tool_traces=python").rows("train")}
+    assert set(chosen) - set(traced_rows) <= {row["chosen"] for row in fresh(spec + "&size=100").rows("train")}
+    assert chosen == [row["chosen"] for row in fresh(half_spec).rows("train")]  # the same questions every run
     with pytest.raises(DataError, match="word_sorting: tool_traces needs questions that carry an expression"):
         fresh(f"reasoning_gym:word_sorting?size={SIZE}&tool_traces=python").rows("train")
