@@ -157,11 +157,12 @@ def test_step3_killed_and_resumed_equals_an_uninterrupted_run(step3_model_dirs, 
 # Step 3 without a critic: GRPO groups of two answers, scored by a reward function of the user's (the built-in
 # checker gives a random actor's answers all the same score), the KL loss, the NLL of answers scored 1 or 2,
 # clip-higher, equal groups dropped and rounds refilled from up to 3 prompt batches (dynamic sampling: the data
-# position is the batches drawn) and evaluations on held-out prompts, whose scores are part of the metrics.
+# position is the batches drawn), an entropy bonus steered by a target above the tiny actor's entropy (its
+# coefficient rises every round: checkpointed state) and evaluations on held-out prompts, in the metrics.
 CRITIC_FREE_FLAGS = [*STEP3_FLAGS, "--per_device_generation_batch_size", "2", "--advantage_estimator", "grpo",
                      "--num_samples_per_prompt", "2", "--use_kl_loss", "--kl_loss_coef", "0.1", "--positive_nll_coef",
                      "0.5", "--cliprange_high", "0.28", "--filter_zero_variance", "--max_generation_batches", "3",
-                     "--eval_interval", "4",
+                     "--target_entropy", "50", "--entropy_coef_step", "0.01", "--eval_interval", "4",
                      "--eval_prompts", "4", "--max_steps", "12"]
 LENGTH_REWARD = "def score(prompts, answers):\n    return [len(answer) % 3 for answer in answers]\n"
 
@@ -182,6 +183,8 @@ def test_step3_critic_free_killed_and_resumed_equals_an_uninterrupted_run(step3_
     assert (checkpoint / "actor").is_dir() and not (checkpoint / "critic").exists()
     assert "eval at step 8 (4 held-out prompts)" in log and "zero_variance_groups=" in log
     assert max(float(drawn) for drawn in re.findall(r"drawn_batches=([0-9.]+)", log)) > 1  # rounds were refilled
+    coefs = [float(coef) for coef in re.findall(r"entropy_coef=([0-9.e-]+)", log)]
+    assert coefs[0] < coefs[-1]  # the bonus rose with the rounds
     metrics = json.loads((resumed / "metrics.json").read_text())
     assert {"heldout_sampled_start", "heldout_greedy_end"} <= set(metrics)
     start = AutoModelForCausalLM.from_pretrained(actor_dir).state_dict()

@@ -204,7 +204,16 @@ def add_critic_free_args(parser):
     add("--entropy_coef", type=float, default=0.0,
         help="Weight of the answer tokens' entropy (aggregated by --loss_agg_mode), subtracted from the actor's "
              "loss: an entropy bonus that keeps the policy sampling different answers (verl's entropy_coeff, "
-             "OpenRLHF's --entropy_loss_coef; 0: none).")
+             "OpenRLHF's --entropy_loss_coef; 0: none). With --target_entropy, the coefficient of the first round.")
+    add("--target_entropy", type=float, default=0.0,
+        help="Steer the entropy bonus's coefficient towards this answer-token entropy (nats per token; Skywork-OR1's "
+             "adaptive entropy control): after each round it rises by --entropy_coef_step while the round's entropy "
+             "is below the target and falls by it otherwise, within [0, --max_entropy_coef], and the bonus applies "
+             "only in rounds after one below the target (0: off, --entropy_coef fixed).")
+    add("--entropy_coef_step", type=float, default=0.005,
+        help="--target_entropy: the coefficient's change after each round.")
+    add("--max_entropy_coef", type=float, default=0.1,
+        help="--target_entropy: the most the coefficient may reach.")
     add("--positive_score_threshold", type=float, default=1.0,
         help="The end score (before normalisation and penalties) from which an answer counts as positive for "
              "--positive_nll_coef (1.0: a right answer for the built-in checker or a 0/1 verifier).")
@@ -279,6 +288,9 @@ def check_args(args):
     if args.load_best_model_at_end and args.enable_ema:
         raise ConfigError("--load_best_model_at_end keeps the actor's best weights, not the moving average's: drop "
                           "--enable_ema or --load_best_model_at_end")
+    if args.target_entropy and args.entropy_coef > args.max_entropy_coef:
+        raise ConfigError(f"--entropy_coef {args.entropy_coef} (with --target_entropy, the first round's coefficient) "
+                          f"is above --max_entropy_coef {args.max_entropy_coef}")
     if args.only_optimize_lora and args.actor_lora_dim <= 0 and args.critic_lora_dim <= 0:
         raise ConfigError("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim > 0")
     if args.inference_tp_size > 1 and args.actor_zero_stage != 3:

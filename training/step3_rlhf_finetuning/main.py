@@ -173,6 +173,8 @@ def main(argv=None):
                                         train_actor=step > args.critic_warmup_steps * args.generation_batches)
             trainer.kl_controller.update(stats["kl"], rollouts * world_size * args.generation_batches)
             stats["kl_coef"] = trainer.kl_controller.value
+            stats["entropy_coef"] = trainer.entropy_coef.bonus  # the bonus this round trained with
+            trainer.entropy_coef.update(stats.get("entropy"))
             history.append(stats)
             if step % args.print_interval == 0 or step == total_steps:
                 recent = mean_stats(history[-max(1, args.print_interval // args.generation_batches):])

@@ -25,6 +25,7 @@ from inference.sampling import sample, supports_native_sampling
 from inference.tool_rollout import tool_rollout
 from utils.model.model_utils import answer_logprobs, causal_lm_loss, model_forward_kwargs
 from utils.model.reward_model import score_answers
+from utils.rl.entropy_control import make_entropy_coef
 from utils.rl.estimators import ESTIMATORS
 from utils.rl.experience import Experience, answer_action_mask, concat_experiences
 from utils.rl.kl import make_kl_controller
@@ -54,6 +55,8 @@ class PPOTrainer:
         self.args = args
         self.reward_fn, self.base_rate = reward_fn, base_rate
         self.kl_controller = make_kl_controller(args.kl_coef, args.adaptive_kl_target, args.adaptive_kl_horizon)
+        self.entropy_coef = make_entropy_coef(args.entropy_coef, args.target_entropy, args.entropy_coef_step,
+                                              args.max_entropy_coef)
         self.reward_moments = RunningMoments()
         self.zero3_generation = args.actor_zero_stage == 3 and torch.distributed.get_world_size() > 1
         self.tools = tool_use(args)
@@ -62,11 +65,14 @@ class PPOTrainer:
                               "over several processes, whose forward passes must stay in step")
 
     def state_dict(self):
-        """What PPO carries from round to round besides the models: the KL coefficient and the reward moments."""
-        return {"kl_controller": self.kl_controller.state_dict(), "reward_moments": self.reward_moments.state_dict()}
+        """What PPO carries from round to round besides the models: the KL and entropy coefficients and the reward
+        moments."""
+        return {"kl_controller": self.kl_controller.state_dict(), "entropy_coef": self.entropy_coef.state_dict(),
+                "reward_moments": self.reward_moments.state_dict()}
 
     def load_state_dict(self, state):
         self.kl_controller.load_state_dict(state["kl_controller"])
+        self.entropy_coef.load_state_dict(state["entropy_coef"])
         self.reward_moments.load_state_dict(state["reward_moments"])
 
     # ---- experience -------------------------------------------------------------------------------------------
@@ -93,8 +99,12 @@ class PPOTrainer:
         """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked): a group's
         prompt runs once, and the answers' logits are never held whole (`answer_logprobs`)."""
         logprobs, entropy = answer_logprobs(model, seq, attention_mask, prompt_len, self.args.temperature,
-                                            with_entropy, entropy_grad=bool(self.args.entropy_coef))
+                                            with_entropy, entropy_grad=self.entropy_bonus_on())
         return (logprobs, entropy) if with_entropy else logprobs
+
+    def entropy_bonus_on(self):
+        """Whether the entropy's gradient is wanted: a fixed --entropy_coef above 0, or --target_entropy."""
+        return bool(self.args.entropy_coef or self.args.target_entropy)
 
     def answer_values(self, critic, seq, attention_mask, prompt_len):
         """V(s_t) for each answer position t: the critic's value at the token before it."""
@@ -299,7 +309,8 @@ class PPOTrainer:
         """The actor's loss on a minibatch, with the gradient through `logprobs` (the actor's now) and `entropy`
         (its answer tokens' entropy), and its stats (floats): the --policy_loss row's loss
         (utils/rl/policy_losses.py), plus --kl_loss_coef x the KL to the reference with --use_kl_loss and
-        --positive_nll_coef x the NLL of the positive answers, less --entropy_coef x the entropy."""
+        --positive_nll_coef x the NLL of the positive answers, less the entropy bonus's coefficient (--entropy_coef,
+        or --target_entropy's this round) x the entropy."""
         args = self.args
         loss, policy_stats = POLICY_LOSSES[args.policy_loss].loss(logprobs, minibatch.logprobs, minibatch.advantages,
                                                                   action_mask, args)
@@ -313,8 +324,8 @@ class PPOTrainer:
             nll = positive_nll(logprobs, action_mask, minibatch.positive, args.loss_agg_mode)
             loss = loss + args.positive_nll_coef * nll
             stats["positive_nll"] = nll.item()
-        if args.entropy_coef and entropy is not None:
-            loss = loss - args.entropy_coef * aggregate_loss(entropy, action_mask, args.loss_agg_mode)
+        if entropy is not None and self.entropy_coef.bonus:
+            loss = loss - self.entropy_coef.bonus * aggregate_loss(entropy, action_mask, args.loss_agg_mode)
         return loss, stats
 
     def round_rows(self):

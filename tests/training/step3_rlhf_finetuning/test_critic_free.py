@@ -342,6 +342,29 @@ def test_an_entropy_bonus_is_subtracted_from_the_actor_loss_and_raises_the_entro
     assert entropies[0] < entropies[1] < entropies[2], entropies
 
 
+def test_a_target_entropy_sets_the_bonus_round_by_round(engine, tiny_tokenizer):
+    """--target_entropy: the first round's bonus is --entropy_coef (here 0, yet the entropy keeps its gradient);
+    after a round below the target the loss takes the raised coefficient's bonus, after one above it none."""
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    trainer = make_trainer(engine, entropy_coef=0.0, target_entropy=1.0, entropy_coef_step=0.25,
+                           max_entropy_coef=0.5)
+    fake_answers(trainer, tiny_tokenizer)
+    first = trainer.generate_experience(prompts, prompt_mask, texts).split(GROUP)[0]
+    logprobs, entropy = trainer.answer_logprobs(trainer.actor, first.seq, first.attention_mask, first.prompt_len,
+                                                with_entropy=True)
+    assert entropy.requires_grad
+    without, _ = make_trainer(engine).actor_loss(logprobs, first, first.action_mask, entropy)
+    mean_entropy = ((entropy * first.action_mask).sum() / first.action_mask.sum()).item()
+    losses = []
+    for measured in (None, 0.5, 0.5, 2.0):  # the entropy of the round before: none yet, below, below, above
+        trainer.entropy_coef.update(measured)
+        losses.append(trainer.actor_loss(logprobs, first, first.action_mask, entropy)[0].item())
+    expected = [without.item(), without.item() - 0.25 * mean_entropy, without.item() - 0.5 * mean_entropy,
+                without.item()]
+    assert losses == pytest.approx(expected, abs=1e-5)
+    assert trainer.state_dict()["entropy_coef"] == {"value": pytest.approx(0.25), "entropy": 2.0}
+
+
 def test_positive_nll_is_the_nll_of_the_answers_scored_at_the_threshold(engine, tiny_tokenizer):
     prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
     trainer = make_trainer(engine, use_kl_loss=True, positive_nll_coef=0.5)
