@@ -1,5 +1,5 @@
-"""The RL core every training stage shares: token log-probs and statistics, KL estimators and controllers,
-rewards and their normalisation, advantage estimators, the policy / value / preference losses, the experience
+"""The RL core every training stage shares: token log-probs and statistics, KL estimators and controllers, the
+entropy bonus's coefficient, rewards and their normalisation, advantage estimators, the policy / value / preference losses, the experience
 type and the frozen models. Steps import from here; nothing here imports a step.
 
 Every function here is small, pure (it never modifies its inputs) and works on plain tensors, so each can be
@@ -18,7 +18,8 @@ Conventions
 * Masks are binary (0.0 / 1.0). Masked-out values are multiplied by 0, so they must be finite.
 
 References (read, not copied): Schulman, "Approximating KL divergence" (2020) for k1/k2/k3; Ziegler et al.,
-"Fine-Tuning Language Models from Human Preferences" (2019) for the adaptive KL controller; Schulman et al.,
+"Fine-Tuning Language Models from Human Preferences" (2019) for the adaptive KL controller; He et al., "Skywork
+Open Reasoner 1 Technical Report" (2025) for adaptive entropy control; Schulman et al.,
 "High-Dimensional Continuous Control Using GAE" (2015); Huang et al., "The N+ Implementation Details of RLHF
 with PPO" (2024); TRL, OpenRLHF, torchtune and DeepSpeed-Chat.
 """
