@@ -1,6 +1,6 @@
 """The RL core every training stage shares: token log-probs and statistics, KL estimators and controllers, the
-entropy bonus's coefficient, rewards and their normalisation, advantage estimators, the policy / value / preference losses, the experience
-type and the frozen models. Steps import from here; nothing here imports a step.
+entropy bonus's coefficient, rewards and their normalisation, advantage estimators, the policy / value /
+preference losses, the experience type and the frozen models. Steps import from here; nothing here imports a step.
 
 Every function here is small, pure (it never modifies its inputs) and works on plain tensors, so each can be
 unit-tested on values worked out by hand (tests/utils/rl/).
