@@ -40,7 +40,7 @@ from utils.runtime.args import (ArgumentParser, add_batch_size_arg, add_column_a
                                 add_model_name_or_path_arg, add_output_json_arg, add_seed_arg,
                                 add_trust_remote_code_arg, check_flag_ranges, check_output_file, column_keys)
 from utils.runtime.errors import ConfigError, DataError, cli_entry
-from utils.runtime.paths import check_not_an_input
+from utils.runtime.paths import check_not_an_input, write_file_atomic
 
 DEFAULT_MAX_SEQ_LEN = 256  # for a folder without saved training settings
 
@@ -166,12 +166,16 @@ def eval_examples(model, tokenizer, args):
 
 
 def eval_pairs(model, tokenizer, args):
+    from utils.data.pair_formats import UNUSABLE
     from utils.data.raw_datasets import read_local_split
 
     rows = read_local_split(args.pairs_file, column_keys(args))
     counter = SampleCounter(args.pairs_file)
     kept = []
     for row in rows:
+        if row["prompt"] is None:  # a row the text form cannot hold (pair_formats)
+            counter.skip(row.get(UNUSABLE) or "no prompt")
+            continue
         if row["chosen"] is None or row["rejected"] is None:  # a prompt alone, or an answer left empty
             counter.skip("no answer")
             continue
@@ -280,8 +284,8 @@ def main(argv=None):
     else:
         result = eval_examples(model, tokenizer, args)
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump({"model": args.model_name_or_path, **result}, f, indent=2)
+        write_file_atomic(args.output_json,
+                          lambda f: json.dump({"model": args.model_name_or_path, **result}, f, indent=2))
         print(f"wrote {args.output_json}")
 
 

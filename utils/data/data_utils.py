@@ -297,7 +297,7 @@ def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpai
     for row in rows:
         prompt = raw.get_prompt(row)
         if prompt is None:
-            counter.skip("no prompt")
+            counter.skip(raw.skip_reason(row) or "no prompt")
             continue
         if unpaired:
             chosen, rejected = raw.get_chosen(row), raw.get_rejected(row)

@@ -28,30 +28,61 @@ decides which), their columns first renamed to these fields by the --<field>_key
    read as the row's `chosen` (step 1 imitates it), an undesirable one as its `rejected` with no `chosen`; KTO
    (training/step2_kto_finetuning/) takes both, and every pair of the shapes above as one of each.
 
-Anything else is a `DataError` naming the row and field.
+6. **Two responses and the index of the better** (PKU-SafeRLHF: `prompt`, `response_0`, `response_1`,
+   `better_response_id`; Stanford SHP: `history`, `human_ref_A`, `human_ref_B`, `labels`, 1 where A is preferred):
+   the prompt is one user turn and the responses its answers, as in shape 3 with a prompt string.
+
+A row that the text form cannot hold faithfully is read as unusable, with the reason (`UNUSABLE`), and each step
+skips and counts it: HH dialogues that differ before their last turn (the answers would carry the later turns),
+and messages whose text holds a speaker mark (`Human:`, `Assistant:`), which would read back as turns of their own.
+An empty answer message is no answer, as an empty HH answer. Anything else is a `DataError` naming the row and
+field.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from utils.data.prompting import dialogue_text
+from utils.data.prompting import dialogue_text, has_speaker_mark
 from utils.runtime.errors import DataError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 ROLES = ("system", "user", "assistant")
 ASSISTANT_MARK = "Assistant:"
+UNUSABLE = "unusable"
+"""The field of a row the text form cannot hold (its prompt and answers None): why, for the step's skip count."""
+RANKED_SHAPES = (("response_0", "response_1", "better_response_id", "prompt"),
+                 ("human_ref_A", "human_ref_B", "labels", "history"))
+"""Shape 6's columns: (first response, second response, the better one's index, the prompt); for SHP the label
+is 1 where the first is preferred, for PKU-SafeRLHF the index of the better response."""
+
+
+class Unusable(Exception):
+    """A row the text form cannot hold faithfully; read_pair returns it as a row of None with the reason."""
+
+
+def unusable_row(reason: str) -> dict[str, str | None]:
+    return {"prompt": None, "chosen": None, "rejected": None, UNUSABLE: reason}
 
 
 def read_pair(value: dict, where: str) -> dict[str, str | None]:
     """{"prompt", "chosen", "rejected"} in the text form from one row of any of the module's shapes (answers None
-    where the row has none); `where` ("<file>: row 3 (line 4)") starts every error."""
+    where the row has none; all three None and the reason under UNUSABLE for a row the text form cannot hold);
+    `where` ("<file>: row 3 (line 4)") starts every error."""
+    try:
+        return _read_pair(value, where)
+    except Unusable as why:
+        return unusable_row(str(why))
+
+
+def _read_pair(value: dict, where: str) -> dict[str, str | None]:
+    value = _ranked(value, where)
     if "label" in value and "completion" in value and "chosen" not in value:  # KTO's unpaired feedback
         return _labelled(value, where)
     if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
         value = {**value, "chosen": value["completion"]}
-    if "messages" in value and not {"prompt", "chosen"} & set(value):  # a chat: its last message is the answer
-        messages = _messages(value["messages"], where, "messages")
+    if "messages" in value and "chosen" not in value:  # a chat: its last message is the answer (a `prompt` beside
+        messages = _messages(value["messages"], where, "messages")  # it, as in ultrachat_200k, repeats its start)
         if len(messages) < 2 or messages[-1]["role"] != "assistant":
             raise DataError(f"{where}: field 'messages' must end with an assistant message (the answer) after the "
                             "prompt's")
@@ -68,11 +99,36 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
         if not isinstance(value[field], str):
             kinds = "a string" if field == "prompt" else "a string or a list of messages"
             raise DataError(f"{where}: field '{field}' must be {kinds}, got {type(value[field]).__name__}")
-        if not value[field]:
+        if not value[field].strip():
             raise DataError(f"{where}: field '{field}' is empty")
     if "prompt" in value:
         return {field: value[field] for field in PAIR_FIELDS}
     return _dialogues_pair(value["chosen"], value["rejected"], where)
+
+
+def _ranked(value: dict, where: str) -> dict:
+    """A row of shape 6 as one of shape 3 (a prompt string, one assistant message each); other rows as they are.
+    Such a row whose responses were also named chosen and rejected (--chosen_key) is refused: the flags would
+    ignore which response is the better."""
+    for first, second, label, prompt in RANKED_SHAPES:
+        renamed = "chosen" in value or "rejected" in value
+        if label not in value or prompt not in value or not ({first, second} <= set(value) or renamed):
+            continue
+        if renamed:
+            raise DataError(f"{where}: field '{label}' says which of '{first}' and '{second}' is the better; read "
+                            "the row without --chosen_key and --rejected_key, which would ignore it")
+        better = value[label]
+        if isinstance(better, bool) or better not in (0, 1):
+            raise DataError(f"{where}: field '{label}' must be 0 or 1, got {better!r}")
+        if label == "labels":  # SHP: 1 where the first is preferred
+            better = 1 - better
+        answers = [value[first], value[second]]
+        for name, answer in ((first, answers[0]), (second, answers[1])):
+            if not isinstance(answer, str):
+                raise DataError(f"{where}: field '{name}' must be a string, got {type(answer).__name__}")
+        return {"prompt": value[prompt], "chosen": [{"role": "assistant", "content": answers[better]}],
+                "rejected": [{"role": "assistant", "content": answers[1 - better]}]}
+    return value
 
 
 def _unpaired(value: dict, where: str) -> dict[str, str | None]:
@@ -87,7 +143,7 @@ def _unpaired(value: dict, where: str) -> dict[str, str | None]:
         return {"prompt": _prompt_string(prompt, where), "chosen": None, "rejected": None}
     chosen = value["chosen"]
     twin = {**value, "rejected": chosen}  # read as a pair with itself, then the copy dropped
-    pair = _messages_pair(twin, where) if isinstance(chosen, list) else read_pair(twin, where)
+    pair = _messages_pair(twin, where) if isinstance(chosen, list) else _read_pair(twin, where)
     return {**pair, "rejected": None}
 
 
@@ -120,6 +176,8 @@ def _dialogues_pair(chosen: str, rejected: str, where: str) -> dict[str, str | N
                         f"'{ASSISTANT_MARK}' to take it from")
     cut += len(ASSISTANT_MARK)
     answers = {"chosen": chosen[cut:], "rejected": rejected[cut:]}
+    if any(has_speaker_mark(answer) for answer in answers.values()):
+        raise Unusable("chosen and rejected dialogues differ before their last turn")
     return {"prompt": chosen[:cut], **{field: answer if answer.strip() else None for field, answer in answers.items()}}
 
 
@@ -147,8 +205,10 @@ def _messages_pair(value: dict, where: str) -> dict[str, str]:
         if len(messages) != 1 or messages[0]["role"] != "assistant":
             raise DataError(f"{where}: field '{field}' must end in one assistant message after the prompt, got "
                             f"{[m['role'] for m in messages]}")
-    return {"prompt": _prompt_text(prompt, where), "chosen": " " + chosen[0]["content"].strip(),
-            "rejected": " " + rejected[0]["content"].strip()}
+    answers = {field: messages[0]["content"].strip() for field, messages in (("chosen", chosen),
+                                                                             ("rejected", rejected))}
+    return {"prompt": _prompt_text(prompt, where),  # an empty answer is none, as HH-RLHF's empty last turns
+            **{field: " " + answer if answer else None for field, answer in answers.items()}}
 
 
 def _prompt_string(prompt: Any, where: str) -> str:
@@ -179,6 +239,8 @@ def _messages(value: Any, where: str, field: str) -> list[dict]:
 
 def _prompt_text(messages: list[dict], where: str) -> str:
     """The prompt's messages in the text form, ending with the `Assistant:` the answer follows."""
+    if any(has_speaker_mark(message["content"]) for message in messages):
+        raise Unusable("a message's text holds 'Human:' or 'Assistant:', which would read as a turn")
     system = "\n".join(m["content"].strip() for m in messages if m["role"] == "system")
     turns, user = [], None
     for message in (m for m in messages if m["role"] != "system"):

@@ -10,6 +10,12 @@ import re
 _SPEAKER = re.compile(r"(?:^|\s)(Human|Assistant):")
 
 
+def has_speaker_mark(text):
+    """Whether `text` holds a speaker mark (`Human:`, `Assistant:` at its start or after white space) that
+    parse_dialogue would read as the start of a turn."""
+    return bool(_SPEAKER.search(text))
+
+
 def text_prompt(user):
     """One user turn in DeepSpeed-Chat's text form: `" Human: <user> Assistant:"`."""
     return f" Human: {user} Assistant:"

@@ -64,7 +64,7 @@ import datasets
 import numpy as np
 
 from utils.data import builtin_task as task
-from utils.data.pair_formats import read_pair
+from utils.data.pair_formats import UNUSABLE, read_pair
 from utils.data.prompting import text_prompt
 from utils.data.text_files import check_text, read_lines, read_text, regular_file
 from utils.runtime.args import column_flag
@@ -135,9 +135,20 @@ def _json_rows(path: Path) -> list[tuple[Any, str]]:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
+            if not records and start.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") and _one_object(path):
+                raise DataError(f"{path}: one JSON object across several lines; expected a JSON array of rows "
+                                "([{...}, {...}]) or JSON lines (one row a line)") from None
             raise DataError(f"{path}: malformed JSON on line {lineno} (column {exc.colno}): {exc.msg}") from None
         records.append((value, f"row {len(records)} (line {lineno})"))
     return records
+
+
+def _one_object(path: Path) -> bool:
+    """Whether the whole file is one JSON object (a pretty-printed `{"data": [...]}`, say)."""
+    try:
+        return isinstance(json.loads(read_text(path)), dict)
+    except (DataError, ValueError):
+        return False
 
 
 def _check_strings(value: Any, where: str) -> None:
@@ -220,6 +231,8 @@ def read_rows(records: list[tuple[dict, str]], what: str, present: set[str],
     for value, where in records:
         _check_strings(value, f"{what}: {where}")
         rows.append(_read_renamed(value, f"{what}: {where}", columns))
+    if any(UNUSABLE in row for row in rows):  # the reason's column in every row (from_list takes the first's keys)
+        rows = [{**row, UNUSABLE: row.get(UNUSABLE)} for row in rows]
     return datasets.Dataset.from_list(rows)
 
 
@@ -279,6 +292,10 @@ class RawDataset:
         return None
 
     def get_rejected(self, sample) -> str | None:
+        return None
+
+    def skip_reason(self, sample) -> str | None:
+        """Why a row with no prompt is skipped, where the data set says (None: "no prompt")."""
         return None
 
     def get_prompt_and_chosen(self, sample) -> str | None:
@@ -547,6 +564,12 @@ class ShapedRows(FieldsAsWritten):
 
     def get_eval_data(self):
         return self._eval
+
+    def get_prompt(self, sample):
+        return None if sample["prompt"] is None else super().get_prompt(sample)  # a row read as unusable
+
+    def skip_reason(self, sample):
+        return sample.get(UNUSABLE)
 
     def get_chosen(self, sample):
         return None if sample["chosen"] is None else super().get_chosen(sample)  # a prompt-only row

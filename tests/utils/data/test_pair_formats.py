@@ -237,3 +237,106 @@ def test_labelled_rows_feed_kto_and_step_1_imitates_only_the_desirable_ones(tmp_
     sft, _ = create_prompt_dataset([str(tmp_path)], "1,0", str(tmp_path / "cache"), 1, 1, tiny_tokenizer, 64)
     pairs, _ = create_prompt_dataset([str(tmp_path)], "0,1", str(tmp_path / "cache"), 2, 1, tiny_tokenizer, 64)
     assert len(sft) == 20 and len(pairs) == 10
+
+
+@pytest.mark.parametrize("row, expected", [
+    # PKU-SafeRLHF: the index of the better response
+    ({"prompt": "How do I boil an egg?", "response_0": "Set it on fire.", "response_1": " Boil it 8 minutes. ",
+      "better_response_id": 1, "safer_response_id": 1},
+     {"prompt": " Human: How do I boil an egg? Assistant:", "chosen": " Boil it 8 minutes.",
+      "rejected": " Set it on fire."}),
+    ({"prompt": "q", "response_0": "good", "response_1": "bad", "better_response_id": 0},
+     {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}),
+    # Stanford SHP: labels 1 where human_ref_A is preferred
+    ({"history": "Why is the sky blue?", "human_ref_A": "Rayleigh scattering.", "human_ref_B": "Paint.",
+      "labels": 1}, {"prompt": " Human: Why is the sky blue? Assistant:", "chosen": " Rayleigh scattering.",
+                     "rejected": " Paint."}),
+    ({"history": "q", "human_ref_A": "worse", "human_ref_B": "better", "labels": 0},
+     {"prompt": " Human: q Assistant:", "chosen": " better", "rejected": " worse"}),
+])
+def test_two_responses_and_the_index_of_the_better_are_a_pair(row, expected):
+    assert read_pair(row, WHERE) == expected
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "q", "response_0": "a", "response_1": "b", "better_response_id": 2},
+     "field 'better_response_id' must be 0 or 1, got 2"),
+    ({"history": "q", "human_ref_A": "a", "human_ref_B": "b", "labels": True}, "field 'labels' must be 0 or 1"),
+    ({"prompt": "q", "response_0": "a", "response_1": ["b"], "better_response_id": 0},
+     "field 'response_1' must be a string, got list"),
+    # the columns named chosen and rejected by --chosen_key / --rejected_key: the better one's index is not ignored
+    ({"prompt": "q", "chosen": "a", "rejected": "b", "better_response_id": 1},
+     "field 'better_response_id' says which of 'response_0' and 'response_1' is the better; read the row without "
+     "--chosen_key and --rejected_key"),
+])
+def test_bad_rows_of_two_responses_name_the_field(row, message):
+    with pytest.raises(DataError) as err:
+        read_pair(row, WHERE)
+    assert str(err.value).startswith(f"{WHERE}: {message}")
+
+
+def test_renaming_the_responses_of_a_ranked_file_is_refused_by_flag(tmp_path):
+    path = tmp_path / "pku.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "response_0": "a", "response_1": "b", "better_response_id": 1}) + "\n")
+    with pytest.raises(DataError, match="'better_response_id' says which of 'response_0' and 'response_1'"):
+        rd.read_local_split(path, {"chosen": "response_0", "rejected": "response_1"})
+
+
+@pytest.mark.parametrize("row, reason", [
+    # HH dialogues that part before their last turn: each "answer" would hold the user's next turn
+    ({"chosen": "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Joke?\n\nAssistant: Knock knock.",
+      "rejected": "\n\nHuman: Hi\n\nAssistant: Go away.\n\nHuman: Joke?\n\nAssistant: No."},
+     "chosen and rejected dialogues differ before their last turn"),
+    # a message whose text holds a speaker mark would read back as turns of its own
+    ({"prompt": [user("Fix the typos:\nHuman: helo\nAssistant: sure")], "chosen": [assistant("a")],
+      "rejected": [assistant("b")]}, "a message's text holds 'Human:' or 'Assistant:'"),
+    ({"messages": [user("Quote: Assistant: hi"), assistant("ok")]}, "a message's text holds 'Human:'"),
+    ({"prompt": [user("a"), assistant("Human: b"), user("c")]}, "a message's text holds 'Human:'"),
+])
+def test_rows_the_text_form_cannot_hold_are_read_as_unusable_with_the_reason(row, reason):
+    pair = read_pair(row, WHERE)
+    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair["unusable"]
+
+
+def test_a_speaker_mark_only_inside_a_word_or_without_its_colon_is_kept():
+    row = {"prompt": [user("The Assistant said: hi. AHuman: x. Human rights?")], "chosen": [assistant("a")],
+           "rejected": [assistant("b")]}
+    assert read_pair(row, WHERE)["prompt"] == " Human: The Assistant said: hi. AHuman: x. Human rights? Assistant:"
+
+
+def test_an_empty_answer_message_is_no_answer_and_a_blank_text_field_is_empty():
+    row = {"prompt": "q", "chosen": [assistant("  ")], "rejected": [assistant("b")]}
+    assert read_pair(row, WHERE) == {"prompt": " Human: q Assistant:", "chosen": None, "rejected": " b"}
+    assert read_pair({"messages": [user("q"), assistant("")]}, WHERE)["chosen"] is None
+    with pytest.raises(DataError, match="field 'chosen' is empty"):
+        read_pair({"prompt": " Human: q Assistant:", "chosen": " \n", "rejected": " b"}, WHERE)
+
+
+def test_a_prompt_beside_the_whole_chat_takes_the_answer_from_the_chat():
+    """ultrachat_200k and no_robots: `prompt` repeats the chat's first user turn, `messages` holds the chat."""
+    row = {"prompt": "Name a colour.", "prompt_id": "x1",
+           "messages": [user("Name a colour."), assistant("Blue."), user("Another?"), assistant("Red.")]}
+    assert read_pair(row, WHERE) == {"prompt": " Human: Name a colour. Assistant: Blue. Human: Another? Assistant:",
+                                     "chosen": " Red.", "rejected": None}
+
+
+def test_unusable_rows_are_skipped_and_counted_by_reason_in_the_step(tmp_path, tiny_tokenizer):
+    from utils.data.data_utils import create_prompt_dataset
+
+    good = [{"prompt": [user(f"What is {i} + 1?")], "chosen": [assistant(f"{i + 1}")],
+             "rejected": [assistant("no")]} for i in range(12)]
+    marked = [{"prompt": [user(f"Say:\nHuman: {i}")], "chosen": [assistant("a")], "rejected": [assistant("b")]}
+              for i in range(3)]
+    empty = [{"prompt": [user(f"q{i}")], "chosen": [assistant("")], "rejected": [assistant("b")]} for i in range(2)]
+    for split in ("train", "eval"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in good + marked + empty))
+    pairs, _ = create_prompt_dataset([str(tmp_path)], "0,1", str(tmp_path / "cache"), 2, 1, tiny_tokenizer, 64)
+    assert pairs.counts["train"] == {"read": 17, "kept": 12, "skipped": {
+        "a message's text holds 'Human:' or 'Assistant:', which would read as a turn": 3, "no answer": 2}}
+
+
+def test_a_file_of_one_pretty_printed_json_object_says_what_is_expected(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"data": [{"prompt": "q", "chosen": "a", "rejected": "b"}]}, indent=2))
+    with pytest.raises(DataError, match=r"one JSON object across several lines; expected a JSON array of rows"):
+        rd.read_local_split(path)
