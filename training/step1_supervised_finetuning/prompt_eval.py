@@ -28,7 +28,7 @@ from utils.runtime.args import (ArgumentParser, add_column_args, add_data_path_a
                                 add_output_json_arg, add_reward_fn_arg, add_tool_args, check_flag_ranges,
                                 check_output_file, column_keys, is_auto)
 from utils.runtime.errors import ConfigError, cli_entry
-from utils.runtime.paths import check_not_an_input
+from utils.runtime.paths import check_not_an_input, write_file_atomic
 from utils.runtime.tool_format import tool_use
 
 
@@ -150,8 +150,7 @@ def main(argv=None):
           f"it); cut = answers that reached --max_new_tokens {args.max_new_tokens} before their end")
     print(format_answer_stats(results))
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_file_atomic(args.output_json, lambda f: json.dump(results, f, indent=2))
         print(f"wrote {args.output_json}")
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
 import os
 import sys
@@ -127,6 +128,13 @@ def _import_function(spec, flag="--reward_fn"):
     function = getattr(module, attribute, None)
     if not callable(function):
         raise ConfigError(f"{flag} {spec}: {location} has no function {attribute!r}")
+    try:
+        inspect.signature(function).bind(["prompt"], ["answer"])
+    except TypeError as err:
+        raise ConfigError(f"{flag} {spec}: {attribute} must take (prompts, answers), two lists of strings ({err})"
+                          ) from None
+    except ValueError:  # a builtin or C function without a signature: its first call says
+        pass
     return function
 
 

@@ -4,6 +4,7 @@ is one row of FLAG_RANGES."""
 import argparse
 import json
 import math
+import tempfile
 from pathlib import Path
 
 from utils.runtime.ds_utils import DTYPES
@@ -541,12 +542,21 @@ def check_common_args(args):
 
 
 def check_output_file(flag, path):
-    """Refuse an output file whose folder does not exist, or that is a folder, before any work that would be lost
-    at the end."""
-    if path and not Path(path).resolve().parent.is_dir():
-        raise ConfigError(f"{flag} {path}: its folder {Path(path).resolve().parent} does not exist")
-    if path and Path(path).is_dir():
+    """Refuse an output file whose folder does not exist or cannot be written, or that is a folder, before any
+    work that would be lost at the end."""
+    if not path:
+        return
+    parent = Path(path).resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: its folder {parent} does not exist")
+    if Path(path).is_dir():
         raise ConfigError(f"{flag} {path} is a folder; name a file to write")
+    try:  # a file made and removed: what os.access cannot tell (root, a read-only mount, /sys)
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: its folder {parent} cannot be written ({err.strerror})") from None
 
 
 def add_step_args(parser, *, default_lr=1e-3, eval_interval=False, packing=False):

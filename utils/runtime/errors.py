@@ -36,6 +36,7 @@ EXIT_USER_ERROR = 2
 # the process starts stays ignored: `nohup` ignores SIGHUP so that a run outlives its terminal.
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+NOT_PERMITTED = (errno.EACCES, errno.EPERM, errno.EROFS)
 _exit_callbacks = []
 _interrupt = {"hint": None, "deferred": 0, "held": []}
 
@@ -86,8 +87,8 @@ def cli_entry(main):
     """Wrap a script's `main` so that a `ChatRLHFError` prints `error: <message>` on one line and exits 2, and
     SIGINT, SIGTERM or SIGHUP prints `interrupted: <signal>[; <hint>]` on one line and exits 128 + its number
     (130, 143, 129), what a shell reports for a process the signal ended. A disk that fills up (ENOSPC,
-    EDQUOT) wherever a file is written, memory running out, and standard output closed under it (a broken pipe)
-    end in one line too."""
+    EDQUOT) wherever a file is written, a path this user may not read or write, memory running out, and standard
+    output closed under it (a broken pipe) end in one line too."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -105,6 +106,9 @@ def cli_entry(main):
             _print_interrupted("SIGPIPE (standard output was closed)")  # its reader has gone (`| head`, a dead tee)
             sys.exit(128 + signal.SIGPIPE)
         except OSError as err:
+            if err.errno in NOT_PERMITTED and err.filename:  # a folder or file the user named, or a default one
+                _print_error(f"{err.filename}: {err.strerror}; choose a path this user may read and write")
+                sys.exit(EXIT_USER_ERROR)
             if err.errno not in DISK_FULL:
                 raise
             where = f" writing {err.filename}" if err.filename else ""

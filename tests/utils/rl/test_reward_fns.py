@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from utils.rl import reward_fns
-from utils.rl.reward_fns import REWARD_FNS, builtin_reward_fn, call_reward_fn, load_reward_fn
+from utils.rl.reward_fns import REWARD_FNS, builtin_reward_fn, call_reward_fn, check_reward_fn, load_reward_fn
 from utils.runtime.errors import ChatRLHFError, ConfigError
 
 PROMPTS = [" Human: What is 7 + 12? Assistant:", ' Human: Reverse the word "cat". Assistant:',
@@ -247,3 +247,23 @@ def test_a_signal_while_the_function_runs_still_interrupts_the_run(capsys):
         main()
     assert exit_info.value.code == 143
     assert capsys.readouterr().err.strip() == "interrupted: SIGTERM"
+
+
+@pytest.mark.parametrize("source, why", [
+    ("def score(answers):\n    return [1.0] * len(answers)\n", "too many positional arguments"),
+    ("def score(prompts, answers, tasks):\n    return [1.0] * len(answers)\n", "missing a required argument"),
+    ("def score():\n    return []\n", "too many positional arguments"),
+])
+def test_a_function_that_cannot_take_prompts_and_answers_is_refused_before_anything_runs(tmp_path, source, why):
+    (tmp_path / "mine.py").write_text(source)
+    with pytest.raises(ConfigError, match=rf"--reward-fn .*mine.py:score: score must take \(prompts, answers\), two "
+                                          rf"lists of strings \({why}"):
+        check_reward_fn(f"{tmp_path}/mine.py:score", ["builtin"], "--reward-fn")
+
+
+def test_a_function_with_defaults_or_varargs_beyond_the_two_is_taken(tmp_path):
+    (tmp_path / "mine.py").write_text("def score(prompts, answers, scale=1.0, **kw):\n    return [scale] * len(answers)\n"
+                                      "def loose(*args):\n    return [0.5] * len(args[1])\n")
+    for name in ("score", "loose"):
+        check_reward_fn(f"{tmp_path}/mine.py:{name}", ["builtin"], "--reward-fn")
+    assert load_reward_fn(f"{tmp_path}/mine.py:loose")(["p"], ["a"]) == [0.5]

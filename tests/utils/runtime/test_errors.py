@@ -97,3 +97,12 @@ def test_a_signal_ignored_from_the_start_stays_ignored(capsys):
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EROFS])
+def test_a_path_the_user_may_not_write_is_one_line_naming_it(code, capsys):
+    def main():
+        raise PermissionError(code, os.strerror(code), "/sys/out/metrics.json")
+
+    assert ended(main, capsys) == (2, f"error: /sys/out/metrics.json: {os.strerror(code)}; choose a path this user "
+                                      f"may read and write\n")
