@@ -644,7 +644,10 @@ class LoadedDataset(ShapedRows, RawDataset):
         splits = {"train": loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
         train = "train" if "train" in splits else next(iter(splits)) if len(splits) == 1 else None
         if train is None:
-            raise DataError(f"{name}: no 'train' split (it has: {', '.join(splits) or 'none'})")
+            some = next(iter(splits), "train_prefs")
+            raise DataError(f"{name}: no 'train' split (it has: {', '.join(splits) or 'none'}); write the splits to "
+                            f"use as a folder's train.jsonl and eval.jsonl (`data['{some}'].to_json(...)`) and pass "
+                            "the folder")
         evaluation = next((split for split in EVAL_SPLITS if split in splits and split != train), None)
         self._train = self._read(splits[train], train, columns)
         if evaluation is None:

@@ -84,7 +84,8 @@ def test_a_lone_split_of_any_name_is_the_train_split_and_several_without_train_a
     raw = get_raw_dataset(str(tmp_path / "lone"), 7, RENAMED)
     assert (len(raw.get_train_data()), len(raw.get_eval_data())) == (18, 2)  # split 9:1, not test as both
     datasets.DatasetDict({"train_prefs": rows, "test_prefs": rows}).save_to_disk(tmp_path / "several")
-    with pytest.raises(DataError, match=r"several: no 'train' split \(it has: train_prefs, test_prefs\)$"):
+    with pytest.raises(DataError, match=r"several: no 'train' split \(it has: train_prefs, test_prefs\); write the splits to use as a "
+                                         r"folder's train.jsonl and eval.jsonl \(`data\['train_prefs'\].to_json"):
         get_raw_dataset(str(tmp_path / "several"), 7, RENAMED)
 
 
