@@ -175,6 +175,8 @@ CASES = [
          ("model path ./no/such/model does not exist",)),
     Case("step1 model folder without config.json", "step1", [*STEP1, "--model_name_or_path", "{tmp}/notamodel"],
          ("model folder {tmp}/notamodel has no config.json",)),
+    Case("step1 model path that is a file", "step1", [*STEP1, "--model_name_or_path", "{tmp}/good/train.json"],
+         ("model path {tmp}/good/train.json is a file; give the model's folder",)),
     Case("step1 reward model as the model", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--model_name_or_path", "{critic}"],
          ("{critic} is a reward model (step 2 output)",)),

@@ -28,6 +28,9 @@ def resolve_model_path(name_or_path):
         return str(smollm2_model_path())
     path = Path(name_or_path)
     if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"model path {name_or_path} is a file; give the model's folder (the one holding "
+                              "config.json and the weights)")
         if not (path / "config.json").is_file():
             raise ConfigError(f"model folder {name_or_path} has no config.json: not a Hugging Face model folder")
         read_model_config(path)
