@@ -26,9 +26,9 @@ from inference.generation import DEFAULT_MAX_NEW_TOKENS, trained_max_new_tokens
 from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.runtime.args import (ArgumentParser, add_column_args, add_data_path_arg, add_generation_args,
                                 add_output_json_arg, add_reward_fn_arg, add_tool_args, check_flag_ranges,
-                                check_output_file, column_keys, is_auto)
+                                column_keys, is_auto)
 from utils.runtime.errors import ConfigError, cli_entry
-from utils.runtime.paths import check_not_an_input, write_file_atomic
+from utils.runtime.paths import check_not_an_input, check_output_file, write_file_atomic
 from utils.runtime.tool_format import tool_use
 
 

@@ -38,9 +38,9 @@ from utils.model.reward_model import load_reward_model, score_answers, score_seq
 from utils.model.save import trained_sequence_length
 from utils.runtime.args import (ArgumentParser, add_batch_size_arg, add_column_args, add_max_seq_len_arg,
                                 add_model_name_or_path_arg, add_output_json_arg, add_seed_arg,
-                                add_trust_remote_code_arg, check_flag_ranges, check_output_file, column_keys)
+                                add_trust_remote_code_arg, check_flag_ranges, column_keys)
 from utils.runtime.errors import ConfigError, DataError, cli_entry
-from utils.runtime.paths import check_not_an_input, write_file_atomic
+from utils.runtime.paths import check_not_an_input, check_output_file, write_file_atomic
 
 DEFAULT_MAX_SEQ_LEN = 256  # for a folder without saved training settings
 

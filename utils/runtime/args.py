@@ -4,7 +4,6 @@ is one row of FLAG_RANGES."""
 import argparse
 import json
 import math
-import tempfile
 from pathlib import Path
 
 from utils.runtime.ds_utils import DTYPES
@@ -184,7 +183,7 @@ def add_output_dir_arg(group, help="Where to store the model (a Hugging Face fol
 
 
 def add_output_json_arg(group, what="the scores"):
-    """An evaluation's result file (check it with `check_output_file("--output_json", ...)`)."""
+    """An evaluation's result file (check it with utils.runtime.paths' `check_output_file("--output_json", ...)`)."""
     group.add_argument("--output_json", type=str, default=None, help=f"Write {what} here (JSON).")
 
 
@@ -539,24 +538,6 @@ def check_common_args(args):
         raise ConfigError("--output_dir is required")
     args.report_to = resolve_report_to(args.report_to, args.enable_tensorboard)
     check_run_group(args.run_group)
-
-
-def check_output_file(flag, path):
-    """Refuse an output file whose folder does not exist or cannot be written, or that is a folder, before any
-    work that would be lost at the end."""
-    if not path:
-        return
-    parent = Path(path).resolve().parent
-    if parent.exists() and not parent.is_dir():
-        raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder")
-    if not parent.is_dir():
-        raise ConfigError(f"{flag} {path}: its folder {parent} does not exist")
-    if Path(path).is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; name a file to write")
-    try:  # a file made and removed: what os.access cannot tell (root, a read-only mount, /sys)
-        tempfile.TemporaryFile(dir=parent).close()
-    except OSError as err:
-        raise ConfigError(f"{flag} {path}: its folder {parent} cannot be written ({err.strerror})") from None
 
 
 def add_step_args(parser, *, default_lr=1e-3, eval_interval=False, packing=False):

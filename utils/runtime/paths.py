@@ -205,17 +205,40 @@ def delete_leftovers(out, *inside, say=print):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def _make_dirs(out, flag, named=None):
-    """Create `out` (and missing parents) and check that a file can be written in it; the folders created,
-    deepest first. ConfigError naming `flag` and `named` (default: `out`) if not."""
+def probe_write(folder):
+    """Make and remove a file in `folder`, raising the OSError if it cannot: what os.access cannot tell (root, a
+    read-only mount, /sys)."""
     import tempfile
 
+    tempfile.TemporaryFile(dir=folder).close()
+
+
+def check_output_file(flag, path):
+    """Refuse an output file whose folder does not exist or cannot be written, or that is a folder, before any
+    work that would be lost at the end."""
+    if not path:
+        return
+    parent = Path(path).resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: its folder {parent} does not exist")
+    if Path(path).is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file to write")
+    try:
+        probe_write(parent)
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: its folder {parent} cannot be written ({err.strerror})") from None
+
+
+def _make_dirs(out, flag, named=None):
+    """Create `out` (and missing parents) and check that a file can be written in it (probe_write); the folders
+    created, deepest first. ConfigError naming `flag` and `named` (default: `out`) if not."""
     named = out if named is None else named
     missing = [path for path in [out, *out.parents] if not path.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
+        probe_write(out)
     except OSError as err:
         remove_if_empty(missing)
         if out.exists() and not out.is_dir():
