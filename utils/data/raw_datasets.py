@@ -124,7 +124,8 @@ def _json_rows(path: Path) -> list[tuple[Any, str]]:
     regular_file(path)
     with open(path, "rb") as f:
         start = f.read(4096)
-    if start.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):  # a JSON array, which may be one long line
+    start = start.lstrip(b"\xef\xbb\xbf \t\r\n")  # after a byte-order mark and white space
+    if start.startswith(b"["):  # a JSON array, which may be one long line
         return _parse_json_array(path, read_text(path))
     records = []
     # JSON lines end at "\n" only (read_lines): str.splitlines would also split at U+2028, U+0085... that JSON
@@ -135,7 +136,7 @@ def _json_rows(path: Path) -> list[tuple[Any, str]]:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
-            if not records and start.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") and _one_object(path):
+            if not records and start.startswith(b"{") and _one_object(path):
                 raise DataError(f"{path}: one JSON object across several lines; expected a JSON array of rows "
                                 "([{...}, {...}]) or JSON lines (one row a line)") from None
             raise DataError(f"{path}: malformed JSON on line {lineno} (column {exc.colno}): {exc.msg}") from None
