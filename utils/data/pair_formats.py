@@ -99,7 +99,7 @@ def _read_pair(value: dict, where: str) -> dict[str, str | None]:
         if not isinstance(value[field], str):
             kinds = "a string" if field == "prompt" else "a string or a list of messages"
             raise DataError(f"{where}: field '{field}' must be {kinds}, got {type(value[field]).__name__}")
-        if not value[field].strip():
+        if not value[field]:  # a blank answer is kept: an answer an actor gave (" "), a pair's rejected one
             raise DataError(f"{where}: field '{field}' is empty")
     if "prompt" in value:
         return {field: value[field] for field in PAIR_FIELDS}

@@ -304,12 +304,13 @@ def test_a_speaker_mark_only_inside_a_word_or_without_its_colon_is_kept():
     assert read_pair(row, WHERE)["prompt"] == " Human: The Assistant said: hi. AHuman: x. Human rights? Assistant:"
 
 
-def test_an_empty_answer_message_is_no_answer_and_a_blank_text_field_is_empty():
+def test_an_empty_answer_message_is_no_answer_and_a_blank_text_answer_is_kept_verbatim():
     row = {"prompt": "q", "chosen": [assistant("  ")], "rejected": [assistant("b")]}
     assert read_pair(row, WHERE) == {"prompt": " Human: q Assistant:", "chosen": None, "rejected": " b"}
     assert read_pair({"messages": [user("q"), assistant("")]}, WHERE)["chosen"] is None
-    with pytest.raises(DataError, match="field 'chosen' is empty"):
-        read_pair({"prompt": " Human: q Assistant:", "chosen": " \n", "rejected": " b"}, WHERE)
+    # the text form is used verbatim: a blank answer an actor gave is the rejected answer of sampled pairs
+    row = {"prompt": " Human: q Assistant:", "chosen": " BSUO", "rejected": " "}
+    assert read_pair(row, WHERE) == row
 
 
 def test_a_prompt_beside_the_whole_chat_takes_the_answer_from_the_chat():
