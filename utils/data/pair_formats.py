@@ -28,22 +28,35 @@ decides which), their columns first renamed to these fields by the --<field>_key
    read as the row's `chosen` (step 1 imitates it), an undesirable one as its `rejected` with no `chosen`; KTO
    (training/step2_kto_finetuning/) takes both, and every pair of the shapes above as one of each.
 
-6. **Two responses and the index of the better** (PKU-SafeRLHF: `prompt`, `response_0`, `response_1`,
-   `better_response_id`; Stanford SHP: `history`, `human_ref_A`, `human_ref_B`, `labels`, 1 where A is preferred):
-   the prompt is one user turn and the responses its answers, as in shape 3 with a prompt string.
+6. **Two responses and a judgement of which is the better** (`RANKED_SHAPES`, one row per layout): PKU-SafeRLHF
+   (`prompt`, `response_0`, `response_1`, `better_response_id`), Stanford SHP (`history`, `human_ref_A`,
+   `human_ref_B`, `labels`, 1 where A is preferred), HelpSteer2's preferences (`prompt`, `response_1`, `response_2`,
+   `preference_strength`, negative where the first is better) and HelpSteer3's (`context` as messages, `response1`,
+   `response2`, `overall_preference`), WebGPT comparisons (`question.full_text`, `answer_0`, `answer_1`, `score_0`,
+   `score_1`), Chatbot Arena (`conversation_a`, `conversation_b` whole conversations, `winner`): the prompt is one
+   user turn (or its messages) and the responses its answers, as in shape 3. A tie is unusable.
+7. **Instruction data and ShareGPT chats**: Alpaca's `instruction` (and `input`, on the next line), `output` (or
+   `chosen` and `rejected`), `history` ([[instruction, answer], ...] before it); a `question` (Orca) or an `input`
+   (OpenRLHF's default) without a `prompt`; an answer in `output` or `response` without a `chosen`; ShareGPT's
+   `conversations` of `{"from": "human" | "gpt" | "system", "value"}` (a whole chat, or, with `chosen` and
+   `rejected` messages, the prompt of a pair: LLaMA-Factory's form). Each is a user's turn, read as shape 3 or 4. A
+   `system` string column (Orca, LLaMA-Factory) is the prompt's first message wherever the row has none.
 
 A row that the text form cannot hold faithfully is read as unusable, with the reason (`UNUSABLE`), and each step
-skips and counts it: HH dialogues that differ before their last turn (the answers would carry the later turns),
-and messages whose text holds a speaker mark (`Human:`, `Assistant:`), which would read back as turns of their own.
+skips and counts it: HH dialogues or conversations that differ before their last turn (the answers would carry the
+later turns), two responses judged equal, and messages whose text holds a speaker mark (`Human:`, `Assistant:`),
+which would read back as turns of their own.
 An empty answer message is no answer, as an empty HH answer. Anything else is a `DataError` naming the row and
 field.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
-from utils.data.prompting import dialogue_text, has_speaker_mark
+from utils.data.prompting import dialogue_text, has_speaker_mark, parse_dialogue
 from utils.runtime.errors import DataError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -51,15 +64,76 @@ ROLES = ("system", "user", "assistant")
 ASSISTANT_MARK = "Assistant:"
 UNUSABLE = "unusable"
 """The field of a row the text form cannot hold (its prompt and answers None): why, for the step's skip count."""
-RANKED_SHAPES = (("response_0", "response_1", "better_response_id", "prompt"),
-                 ("human_ref_A", "human_ref_B", "labels", "history"))
-"""Shape 6's columns: (first response, second response, the better one's index, the prompt); for SHP the label
-is 1 where the first is preferred, for PKU-SafeRLHF the index of the better response."""
-
-
 class Unusable(Exception):
     """A row the text form cannot hold faithfully; read_pair returns it as a row of None with the reason."""
 
+
+def _index(field: str, first: object = 0) -> Callable[[dict, str], int | None]:
+    """A judge reading `field` as the better response's index: `first` where the first is better."""
+    def judge(value: dict, where: str) -> int | None:
+        better = value[field]
+        if isinstance(better, bool) or better not in (0, 1):
+            raise DataError(f"{where}: field '{field}' must be 0 or 1, got {better!r}")
+        return 0 if better == first else 1
+    return judge
+
+
+def _sign(field: str) -> Callable[[dict, str], int | None]:
+    """A judge reading `field` as a preference strength: negative where the first is better, 0 a tie."""
+    def judge(value: dict, where: str) -> int | None:
+        strength = value[field]
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or strength != strength:
+            raise DataError(f"{where}: field '{field}' must be a number (negative where the first response is "
+                            f"better), got {strength!r}")
+        return None if strength == 0 else int(strength > 0)
+    return judge
+
+
+def _scores(first: str, second: str) -> Callable[[dict, str], int | None]:
+    """A judge comparing the two responses' scores: the higher is better, equal ones a tie."""
+    def judge(value: dict, where: str) -> int | None:
+        scores = [value[first], value[second]]
+        for field, score in zip((first, second), scores):
+            if isinstance(score, bool) or not isinstance(score, (int, float)) or score != score:
+                raise DataError(f"{where}: field '{field}' must be a number, got {score!r}")
+        return None if scores[0] == scores[1] else int(scores[1] > scores[0])
+    return judge
+
+
+def _winner(field: str) -> Callable[[dict, str], int | None]:
+    """A judge reading `field` as Chatbot Arena's winner: model_a, model_b, or a tie."""
+    def judge(value: dict, where: str) -> int | None:
+        winner = value[field]
+        if winner in ("model_a", "model_b"):
+            return int(winner == "model_b")
+        if isinstance(winner, str) and winner.startswith("tie"):
+            return None
+        raise DataError(f"{where}: field '{field}' must be model_a, model_b or a tie, got {winner!r}")
+    return judge
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranked:
+    """Shape 6: two responses and a judgement of which is the better."""
+    first: str
+    second: str
+    prompt: str | None
+    """The prompt's field; None where the responses are whole conversations that hold it."""
+    judged_by: tuple[str, ...]
+    """The fields the judgement is read from: their presence marks the shape."""
+    judge: Callable[[dict, str], int | None]
+    """The better response's index (0 the first), None for a tie."""
+
+
+RANKED_SHAPES = (
+    Ranked("response_0", "response_1", "prompt", ("better_response_id",), _index("better_response_id")),  # PKU
+    Ranked("human_ref_A", "human_ref_B", "history", ("labels",), _index("labels", first=1)),  # SHP
+    Ranked("response_1", "response_2", "prompt", ("preference_strength",), _sign("preference_strength")),  # HS2
+    Ranked("response1", "response2", "context", ("overall_preference",), _sign("overall_preference")),  # HS3
+    Ranked("answer_0", "answer_1", "question", ("score_0", "score_1"), _scores("score_0", "score_1")),  # WebGPT
+    Ranked("conversation_a", "conversation_b", None, ("winner",), _winner("winner")),  # Chatbot Arena
+)
+"""Shape 6's layouts, one row each; a layout is known by its responses' and judgement's fields."""
 
 def unusable_row(reason: str) -> dict[str, str | None]:
     return {"prompt": None, "chosen": None, "rejected": None, UNUSABLE: reason}
@@ -76,7 +150,7 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
 
 
 def _read_pair(value: dict, where: str) -> dict[str, str | None]:
-    value = _ranked(value, where)
+    value = _instruction_layout(_ranked(value, where), where)
     if "label" in value and "completion" in value and "chosen" not in value:  # KTO's unpaired feedback
         return _labelled(value, where)
     if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
@@ -91,7 +165,7 @@ def _read_pair(value: dict, where: str) -> dict[str, str | None]:
         raise DataError(f"{where}: missing field 'chosen'")
     if "chosen" not in value or "rejected" not in value:
         return _unpaired(value, where)
-    if isinstance(value["chosen"], list):
+    if isinstance(value["chosen"], list) or isinstance(value.get("prompt"), list):
         return _messages_pair(value, where)
     for field in PAIR_FIELDS:
         if field == "prompt" and field not in value:
@@ -107,28 +181,136 @@ def _read_pair(value: dict, where: str) -> dict[str, str | None]:
 
 
 def _ranked(value: dict, where: str) -> dict:
-    """A row of shape 6 as one of shape 3 (a prompt string, one assistant message each); other rows as they are.
-    Such a row whose responses were also named chosen and rejected (--chosen_key) is refused: the flags would
-    ignore which response is the better."""
-    for first, second, label, prompt in RANKED_SHAPES:
+    """A row of shape 6 as one of shape 3 (its prompt, one answer each); other rows as they are. Such a row whose
+    responses were also named chosen and rejected (--chosen_key) is refused: the flags would ignore which response
+    is the better."""
+    fields = set(value)
+    for shape in RANKED_SHAPES:
         renamed = "chosen" in value or "rejected" in value
-        if label not in value or prompt not in value or not ({first, second} <= set(value) or renamed):
+        if (not set(shape.judged_by) <= fields or (shape.prompt and shape.prompt not in fields)
+                or not ({shape.first, shape.second} <= fields or renamed)):
             continue
         if renamed:
-            raise DataError(f"{where}: field '{label}' says which of '{first}' and '{second}' is the better; read "
-                            "the row without --chosen_key and --rejected_key, which would ignore it")
-        better = value[label]
-        if isinstance(better, bool) or better not in (0, 1):
-            raise DataError(f"{where}: field '{label}' must be 0 or 1, got {better!r}")
-        if label == "labels":  # SHP: 1 where the first is preferred
-            better = 1 - better
-        answers = [value[first], value[second]]
-        for name, answer in ((first, answers[0]), (second, answers[1])):
-            if not isinstance(answer, str):
-                raise DataError(f"{where}: field '{name}' must be a string, got {type(answer).__name__}")
-        return {"prompt": value[prompt], "chosen": [{"role": "assistant", "content": answers[better]}],
-                "rejected": [{"role": "assistant", "content": answers[1 - better]}]}
+            raise DataError(f"{where}: field '{shape.judged_by[0]}' says which of '{shape.first}' and "
+                            f"'{shape.second}' is the better; read the row without --chosen_key and --rejected_key, "
+                            "which would ignore it")
+        better = shape.judge(value, where)
+        if better is None:
+            raise Unusable("the two responses are judged equal (a tie)")
+        answers = [_response(value[field], where, field, shape.prompt is None) for field in (shape.first, shape.second)]
+        row = {"chosen": answers[better], "rejected": answers[1 - better]}
+        if shape.prompt:
+            prompt = value[shape.prompt]  # WebGPT's question is a record whose full_text is the question
+            row["prompt"] = prompt["full_text"] if isinstance(prompt, dict) and "full_text" in prompt else prompt
+        return row
     return value
+
+
+def _response(response: Any, where: str, field: str, conversation: bool) -> list[dict]:
+    """One response of shape 6 as messages: a string is one assistant message; a whole `conversation` (a layout
+    without a prompt field) is checked messages."""
+    if conversation:
+        return _messages(response, where, field)
+    if isinstance(response, str):
+        return [{"role": "assistant", "content": response}]
+    raise DataError(f"{where}: field '{field}' must be a string, got {type(response).__name__}")
+
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "model": "assistant", "chatgpt": "assistant", "bard": "assistant", "bing": "assistant",
+                  "system": "system"}
+"""ShareGPT's speakers (`from`) as roles."""
+INSTRUCTION_PROMPTS = ("question", "input")
+"""Other names of a prompt string, where a row has no `prompt` (nor `instruction`): Orca's, OpenRLHF's default."""
+INSTRUCTION_ANSWERS = ("output", "response")
+"""Other names of an answer string, where a row has no `chosen` (nor `completion`)."""
+
+
+def _instruction_layout(value: dict, where: str) -> dict:
+    """A row of shape 7 (instruction data, ShareGPT chats, a `system` column) as one of shapes 3 to 5; other rows
+    as they are."""
+    value = dict(value)
+    if "conversations" in value and "messages" not in value:
+        messages = _sharegpt(value.pop("conversations"), where, "conversations")
+        if "chosen" in value or "rejected" in value:  # LLaMA-Factory's pairs: the answers one message each
+            value["prompt"] = messages
+            for field in ("chosen", "rejected"):
+                if isinstance(value.get(field), dict):
+                    value[field] = _sharegpt([value[field]], where, field)
+        elif messages[-1]["role"] == "assistant":
+            value["messages"] = messages
+        else:  # a chat that ends with the user's turn: a prompt
+            value["prompt"] = messages
+    if "prompt" not in value and "messages" not in value:  # a user's instruction: one user message
+        if "instruction" in value:  # Alpaca: the instruction, then its input on the next line
+            parts = [_text(value, "instruction", where), _text(value, "input", where) if "input" in value else ""]
+            value["prompt"] = [{"role": "user", "content": "\n".join(part for part in parts if part.strip())}]
+        else:
+            for field in INSTRUCTION_PROMPTS:
+                if isinstance(value.get(field), str):
+                    value["prompt"] = [{"role": "user", "content": value[field]}]
+                    break
+    if not {"chosen", "completion", "messages"} & set(value):
+        for field in INSTRUCTION_ANSWERS:
+            if field in value and "prompt" in value:
+                value["chosen"] = _text(value, field, where)
+                break
+    if "history" in value and isinstance(value.get("prompt"), list):
+        value["prompt"] = _history(value["history"], where) + value["prompt"]
+    system = value.get("system")
+    if system is not None and not isinstance(system, str):
+        raise DataError(f"{where}: field 'system' must be a string, got {type(system).__name__}")
+    if system and system.strip():
+        value = _with_system(value, system)
+    return value
+
+
+def _text(value: dict, field: str, where: str) -> str:
+    if not isinstance(value[field], str):
+        raise DataError(f"{where}: field '{field}' must be a string, got {type(value[field]).__name__}")
+    return value[field]
+
+
+def _sharegpt(value: Any, where: str, field: str) -> list[dict]:
+    """ShareGPT's `{"from", "value"}` messages (or `{"role", "content"}` ones) as checked messages."""
+    if not isinstance(value, list):
+        raise DataError(f"{where}: field '{field}' must be a list of messages")
+    messages = []
+    for index, message in enumerate(value):
+        if isinstance(message, dict) and "from" in message:
+            role = SHAREGPT_ROLES.get(message["from"])
+            if role is None:
+                raise DataError(f"{where}: field '{field}', message {index}: speaker {message['from']!r} is none of "
+                                f"{', '.join(SHAREGPT_ROLES)}")
+            message = {"role": role, "content": message.get("value")}
+        messages.append(message)
+    return _messages(messages, where, field)
+
+
+def _history(history: Any, where: str) -> list[dict]:
+    """Alpaca's `history`, [[instruction, answer], ...], as the messages before the row's instruction."""
+    if not isinstance(history, list) or not all(
+            isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(t, str) for t in turn)
+            for turn in history):
+        raise DataError(f"{where}: field 'history' must be a list of [instruction, answer] string pairs")
+    return [{"role": role, "content": text} for turn in history for role, text in zip(("user", "assistant"), turn)]
+
+
+def _with_system(value: dict, system: str) -> dict:
+    """The row with its `system` text as the prompt's (or chat's) first message, unless it has one already."""
+    key = "prompt" if "prompt" in value else "messages" if "messages" in value else None
+    if key is None:
+        return value
+    messages = value[key]
+    if isinstance(messages, str):  # a prompt string (text form or plain): its turns as messages
+        messages = []
+        for user, answer in parse_dialogue(value[key]):
+            messages.append({"role": "user", "content": user})
+            if answer is not None:
+                messages.append({"role": "assistant", "content": answer})
+    if not isinstance(messages, list) or any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
+        return value
+    return {**value, key: [{"role": "system", "content": system}, *messages]}
 
 
 def _unpaired(value: dict, where: str) -> dict[str, str | None]:
@@ -143,7 +325,8 @@ def _unpaired(value: dict, where: str) -> dict[str, str | None]:
         return {"prompt": _prompt_string(prompt, where), "chosen": None, "rejected": None}
     chosen = value["chosen"]
     twin = {**value, "rejected": chosen}  # read as a pair with itself, then the copy dropped
-    pair = _messages_pair(twin, where) if isinstance(chosen, list) else _read_pair(twin, where)
+    messages = isinstance(chosen, list) or isinstance(value["prompt"], list)
+    pair = _messages_pair(twin, where) if messages else _read_pair(twin, where)
     return {**pair, "rejected": None}
 
 
@@ -183,8 +366,8 @@ def _dialogues_pair(chosen: str, rejected: str, where: str) -> dict[str, str | N
 
 def _messages_pair(value: dict, where: str) -> dict[str, str]:
     """Lists of messages: the prompt's messages (given, or shared by both), then one assistant answer each."""
-    chosen = _messages(value["chosen"], where, "chosen")
-    rejected = _messages(value["rejected"], where, "rejected")
+    strings = isinstance(value.get("prompt"), list)  # beside a prompt of messages, an answer may be a string
+    chosen, rejected = (_answer_messages(value[field], where, field, strings) for field in ("chosen", "rejected"))
     prompt = value.get("prompt")
     if isinstance(prompt, list):
         prompt = _messages(prompt, where, "prompt")
@@ -197,6 +380,8 @@ def _messages_pair(value: dict, where: str) -> dict[str, str]:
         while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
             shared += 1
         prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
+        if len(chosen) > 1 or len(rejected) > 1:
+            raise Unusable("chosen and rejected conversations differ before their last turn")
     else:
         if prompt is None:
             raise DataError(f"{where}: missing field 'prompt' ('chosen' and 'rejected' hold the answers only)")
@@ -209,6 +394,13 @@ def _messages_pair(value: dict, where: str) -> dict[str, str]:
                                                                              ("rejected", rejected))}
     return {"prompt": _prompt_text(prompt, where),  # an empty answer is none, as HH-RLHF's empty last turns
             **{field: " " + answer if answer else None for field, answer in answers.items()}}
+
+
+def _answer_messages(answer: Any, where: str, field: str, strings: bool) -> list[dict]:
+    """An answer's messages; with `strings`, a string is one assistant message."""
+    if strings and isinstance(answer, str):
+        return [{"role": "assistant", "content": answer}]
+    return _messages(answer, where, field)
 
 
 def _prompt_string(prompt: Any, where: str) -> str:

@@ -341,3 +341,137 @@ def test_a_file_of_one_pretty_printed_json_object_says_what_is_expected(tmp_path
     path.write_text(json.dumps({"data": [{"prompt": "q", "chosen": "a", "rejected": "b"}]}, indent=2))
     with pytest.raises(DataError, match=r"one JSON object across several lines; expected a JSON array of rows"):
         rd.read_local_split(path)
+
+
+@pytest.mark.parametrize("row, expected", [
+    # HelpSteer2's preference file: negative strength where response_1 is the better
+    ({"prompt": "q", "response_1": "good", "response_2": "bad", "preference_strength": -2},
+     {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}),
+    ({"prompt": "q", "response_1": "bad", "response_2": "good", "preference_strength": 1},
+     {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}),
+    # HelpSteer3: the context as messages, the same sign
+    ({"context": [user("q"), assistant("a"), user("q2")], "response1": "bad", "response2": "good",
+      "overall_preference": 3},
+     {"prompt": " Human: q Assistant: a Human: q2 Assistant:", "chosen": " good", "rejected": " bad"}),
+    # WebGPT comparisons: the question a record, the higher score the better
+    ({"question": {"dataset": "eli5", "full_text": "Why?"}, "answer_0": "bad", "answer_1": "good",
+      "score_0": -1.0, "score_1": 1.0, "quotes_0": {}, "tokens_0": []},
+     {"prompt": " Human: Why? Assistant:", "chosen": " good", "rejected": " bad"}),
+    # Chatbot Arena: two whole conversations and the winner
+    ({"conversation_a": [user("q"), assistant("good")], "conversation_b": [user("q"), assistant("bad")],
+      "winner": "model_a", "model_a": "x", "model_b": "y"},
+     {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}),
+])
+def test_more_layouts_of_two_responses_and_a_judgement_are_pairs(row, expected):
+    assert read_pair(row, WHERE) == expected
+
+
+@pytest.mark.parametrize("row, reason", [
+    ({"prompt": "q", "response_1": "a", "response_2": "b", "preference_strength": 0}, "judged equal (a tie)"),
+    ({"question": {"full_text": "q"}, "answer_0": "a", "answer_1": "b", "score_0": 0.5, "score_1": 0.5},
+     "judged equal (a tie)"),
+    ({"conversation_a": [user("q"), assistant("a")], "conversation_b": [user("q"), assistant("b")],
+      "winner": "tie (bothbad)"}, "judged equal (a tie)"),
+    # a second turn in which the two conversations differ: the first answers would carry it
+    ({"conversation_a": [user("q"), assistant("a"), user("q2"), assistant("a2")],
+      "conversation_b": [user("q"), assistant("b"), user("q2"), assistant("b2")], "winner": "model_b"},
+     "chosen and rejected conversations differ before their last turn"),
+])
+def test_ties_and_conversations_that_part_early_are_unusable(row, reason):
+    pair = read_pair(row, WHERE)
+    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair["unusable"]
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "q", "response_1": "a", "response_2": "b", "preference_strength": "much"},
+     "field 'preference_strength' must be a number"),
+    ({"question": {"full_text": "q"}, "answer_0": "a", "answer_1": "b", "score_0": None, "score_1": 1},
+     "field 'score_0' must be a number, got None"),
+    ({"conversation_a": [user("q"), assistant("a")], "conversation_b": [user("q"), assistant("b")],
+      "winner": "model_c"}, "field 'winner' must be model_a, model_b or a tie, got 'model_c'"),
+    ({"conversation_a": "a", "conversation_b": [user("q"), assistant("b")], "winner": "model_a"},
+     "field 'conversation_a' must be a non-empty list of messages"),
+    ({"prompt": "q", "chosen": "a", "rejected": "b", "preference_strength": 1},
+     "field 'preference_strength' says which of 'response_1' and 'response_2' is the better"),
+])
+def test_bad_judgements_name_the_field(row, message):
+    with pytest.raises(DataError) as err:
+        read_pair(row, WHERE)
+    assert str(err.value).startswith(f"{WHERE}: {message}")
+
+
+@pytest.mark.parametrize("row, expected", [
+    # Alpaca: the instruction and its input are the user's turn, the output its answer
+    ({"instruction": "Add the numbers.", "input": "2 and 2", "output": "4"},
+     {"prompt": " Human: Add the numbers.\n2 and 2 Assistant:", "chosen": " 4", "rejected": None}),
+    ({"instruction": "Say hi.", "input": "", "output": "hi"},
+     {"prompt": " Human: Say hi. Assistant:", "chosen": " hi", "rejected": None}),
+    # LLaMA-Factory's Alpaca pairs, with a system prompt and a history of earlier turns
+    ({"instruction": "And 3 + 3?", "input": "", "chosen": "6", "rejected": "7", "system": "Be brief.",
+      "history": [["2 + 2?", "4"]]},
+     {"prompt": " Human: Be brief.\n\n2 + 2? Assistant: 4 Human: And 3 + 3? Assistant:", "chosen": " 6",
+      "rejected": " 7"}),
+    # Orca DPO pairs: the system prompt and the question
+    ({"system": "You are an AI assistant.", "question": "2 + 2?", "chosen": "4", "rejected": "5"},
+     {"prompt": " Human: You are an AI assistant.\n\n2 + 2? Assistant:", "chosen": " 4", "rejected": " 5"}),
+    ({"system": "", "question": "2 + 2?", "chosen": "4", "rejected": "5"},
+     {"prompt": " Human: 2 + 2? Assistant:", "chosen": " 4", "rejected": " 5"}),
+    # OpenRLHF's default input and output
+    ({"input": "2 + 2?", "output": "4"}, {"prompt": " Human: 2 + 2? Assistant:", "chosen": " 4", "rejected": None}),
+    # ShareGPT: from / value, its last message the answer, or a prompt where it ends with the user's turn
+    ({"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "hi"},
+                        {"from": "gpt", "value": "hello"}]},
+     {"prompt": " Human: S\n\nhi Assistant:", "chosen": " hello", "rejected": None}),
+    ({"conversations": [{"from": "human", "value": "hi"}]},
+     {"prompt": " Human: hi Assistant:", "chosen": None, "rejected": None}),
+    # LLaMA-Factory's ShareGPT pairs: the answers one message each
+    ({"conversations": [{"from": "human", "value": "hi"}], "chosen": {"from": "gpt", "value": "hello"},
+      "rejected": {"from": "gpt", "value": "go"}},
+     {"prompt": " Human: hi Assistant:", "chosen": " hello", "rejected": " go"}),
+    # a system column beside a text-form prompt, a chat, or a prompt of messages that has none
+    ({"prompt": " Human: q Assistant: a Human: q2 Assistant:", "chosen": " x", "rejected": " y", "system": "S"},
+     {"prompt": " Human: S\n\nq Assistant: a Human: q2 Assistant:", "chosen": " x", "rejected": " y"}),
+    ({"messages": [user("q"), assistant("a")], "system": "S"},
+     {"prompt": " Human: S\n\nq Assistant:", "chosen": " a", "rejected": None}),
+    # a prompt of messages with a string answer (TRL's unpaired form)
+    ({"prompt": [user("q")], "completion": "a", "label": False},
+     {"prompt": " Human: q Assistant:", "chosen": None, "rejected": " a"}),
+])
+def test_instruction_data_and_sharegpt_chats_read_as_user_turns(row, expected):
+    assert read_pair(row, WHERE) == expected
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"conversations": [{"from": "robot", "value": "hi"}]}, "field 'conversations', message 0: speaker 'robot'"),
+    ({"conversations": "hi"}, "field 'conversations' must be a list of messages"),
+    ({"instruction": ["a"], "output": "b"}, "field 'instruction' must be a string, got list"),
+    ({"instruction": "a", "output": 4}, "field 'output' must be a string, got int"),
+    ({"instruction": "a", "output": "b", "history": [["q"]]}, "field 'history' must be a list of [instruction, "),
+    ({"question": "q", "chosen": "a", "rejected": "b", "system": 3}, "field 'system' must be a string, got int"),
+])
+def test_bad_instruction_rows_name_the_field(row, message):
+    with pytest.raises(DataError) as err:
+        read_pair(row, WHERE)
+    assert str(err.value).startswith(f"{WHERE}: {message}")
+
+
+def test_sharegpt_and_alpaca_files_feed_step_1_and_ties_are_counted_in_step_2(tmp_path, tiny_tokenizer):
+    from utils.data.data_utils import create_prompt_dataset
+
+    chats = [{"conversations": [{"from": "human", "value": f"What is {i} + 1?"},
+                                {"from": "gpt", "value": f"{i + 1}"}]} for i in range(10)]
+    alpaca = [{"instruction": f"What is {i} + 2?", "input": "", "output": f"{i + 2}"} for i in range(10)]
+    judged = [{"prompt": f"What is {i} + 3?", "response_1": f"{i + 3}", "response_2": "no",
+               "preference_strength": -1 if i % 5 else 0} for i in range(10)]
+    for name, rows in (("chats", chats), ("alpaca", alpaca), ("judged", judged)):
+        (tmp_path / name).mkdir()
+        for split in ("train", "eval"):
+            (tmp_path / name / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for name in ("chats", "alpaca"):
+        sft, _ = create_prompt_dataset([str(tmp_path / name)], "1,0", str(tmp_path / "cache"), 1, 1, tiny_tokenizer,
+                                       64)
+        assert len(sft) == 10 and sft.counts["train"]["skipped"] == {}
+    pairs, _ = create_prompt_dataset([str(tmp_path / "judged")], "0,1", str(tmp_path / "cache"), 2, 1,
+                                     tiny_tokenizer, 64)
+    assert len(pairs) == 8
+    assert pairs.counts["train"]["skipped"] == {"the two responses are judged equal (a tie)": 2}
