@@ -87,6 +87,8 @@ def local_data_inputs(data_paths):
     or a reasoning-gym spec; local/jsonfile: ./data), as claim_folder takes its inputs."""
     inputs = []
     for name in data_paths:
+        if not Path(name).expanduser().exists():  # a folder with its splits chosen: folder?train=...
+            name = name.partition("?")[0]
         if name == "local/jsonfile":
             name = str(Path.cwd() / "data")
         elif name in KNOWN_NAMES or name.startswith("reasoning_gym:") or not Path(name).expanduser().exists():

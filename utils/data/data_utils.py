@@ -18,7 +18,7 @@ import torch
 
 from utils.data.prompting import encode_prompt_text, model_answer, model_prompt, shorter_prompts
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
-                                     builtin_data_dir, is_saved_dataset, load_hub)
+                                     builtin_data_dir, is_saved_dataset, load_hub, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
 from utils.runtime.args import AUTO, column_keys, is_auto
 from utils.runtime.dist import print_rank_0
@@ -49,10 +49,11 @@ def get_raw_dataset(name: str, seed: int, columns: dict | None = None) -> RawDat
         return LocalJsonFile(data, seed=seed, name="local/jsonfile", columns=columns)
     if name.startswith("reasoning_gym:"):
         return ReasoningGym(name, seed=seed)
+    name, splits = split_choice(name) if not os.path.exists(os.path.expanduser(name)) else (name, {})
     if os.path.exists(os.path.expanduser(name)):
         if is_saved_dataset(os.path.expanduser(name)):
-            return LoadedDataset.from_disk(name, seed=seed, columns=columns)
-        return LocalJsonFile(name, seed=seed, columns=columns)
+            return LoadedDataset.from_disk(name, seed=seed, columns=columns, chosen_splits=splits)
+        return LocalJsonFile(name, seed=seed, columns=columns, splits=splits)
     unknown = (f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) and no such local "
                "path exists")
     if not HUB_NAME.fullmatch(name) or name.lower().endswith(LOCAL_SUFFIXES):
@@ -61,7 +62,7 @@ def get_raw_dataset(name: str, seed: int, columns: dict | None = None) -> RawDat
         loaded = load_hub(name)
     except DataError as err:
         raise DataError(f"{unknown}, and {err}") from None
-    return LoadedDataset(name, loaded, seed=seed, columns=columns)
+    return LoadedDataset(name, loaded, seed=seed, columns=columns, chosen_splits=splits)
 
 
 def parse_data_split(data_split):

@@ -24,12 +24,15 @@ Names understood by `get_raw_dataset(name, seed, columns)`:
   train.json and eval.json (DeepSpeed-Chat's name for the same idea).
 * `reasoning_gym:<task>[?key=value&...][,<task>...]`: questions of reasoning-gym tasks, generated in
   memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
-* any existing local path: a directory holding train.json (or .jsonl, .parquet) and eval.json
-  (or .jsonl, .parquet), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval;
+* any existing local path: a directory holding train.json (or .jsonl, .parquet, or a hub snapshot's shards
+  data/train-00000-of-00002.parquet ...) and eval.json (or test, validation: EVAL_SPLITS; without one the train
+  split is split 9:1), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval;
   or a folder `datasets` wrote with save_to_disk (LoadedDataset, read with `datasets.load_from_disk`).
 * any other name `datasets.load_dataset(name)` reads (LoadedDataset): a hub data set by its name, from
   the Hugging Face cache when offline (HF_DATASETS_OFFLINE=1). Its `train` split is the train split,
-  its `test` or `validation` split (EVAL_SPLITS) the eval split, else the train split is split 9:1.
+  its `eval`, `test` or `validation` split (EVAL_SPLITS) the eval split, else the train split is split 9:1.
+A folder or loaded data set whose splits have other names chooses them in its name (`split_choice`):
+`HuggingFaceH4/ultrafeedback_binarized?train=train_prefs&eval=test_prefs`.
 
 Local file format: JSON lines (one object per line; blank lines ignored), one JSON array
 of objects, or a Parquet file (as hub data sets store theirs), each row (as each row of a
@@ -59,6 +62,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import datasets
 import numpy as np
@@ -94,7 +98,7 @@ BUILTIN_SEED = 1234
 BUILTIN_FILES = ("train.json", "eval.json", "heldout.json", "unsup.txt")
 
 
-from utils.runtime.errors import DataError  # noqa: E402  (re-exported: callers catch it from here too)
+from utils.runtime.errors import ConfigError, DataError  # noqa: E402  (re-exported: callers catch it from here)
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -546,15 +550,58 @@ HUB_DATASETS: dict[str, type[HubDataset]] = {
 # --------------------------------------------------------------------------- local
 
 
-def _split_file(directory: Path, stem: str) -> Path:
-    candidates = [directory / (stem + suffix) for suffix in LOCAL_SUFFIXES]
-    present = [p for p in candidates if p.is_file()]
-    if not present:
-        raise DataError(f"{candidates[0]}: file not found (nor {', '.join(c.name for c in candidates[1:])}); "
-                        f"a data directory needs train.json and eval.json")
-    if len(present) > 1:
-        raise DataError(f"{directory}: both {present[0].name} and {present[1].name} exist; keep one")
-    return present[0]
+EVAL_SPLITS = ("eval", "test", "validation")
+"""The splits (a local folder's files) a data set's eval split is taken from, the first it has, unless `?eval=`
+chooses one (else its train split is split 9:1)."""
+SPLIT_KEYS = ("train", "eval")
+"""The splits a data path may choose: `name?train=SPLIT&eval=SPLIT`."""
+
+
+def split_choice(name: str) -> tuple[str, dict[str, str]]:
+    """A data path's name and the splits it chooses (`HuggingFaceH4/ultrafeedback_binarized?train=train_prefs&
+    eval=test_prefs`: {"train": "train_prefs", "eval": "test_prefs"}); a name without `?` chooses none."""
+    base, mark, query = name.partition("?")
+    if not mark:
+        return name, {}
+    chosen = {}
+    for item in query.split("&"):
+        key, equals, split = item.partition("=")
+        if key not in SPLIT_KEYS or not equals or not split or key in chosen:
+            raise ConfigError(f"data path '{name}': '?{query}' must choose splits as ?train=SPLIT&eval=SPLIT (either "
+                              "or both, once each)")
+        chosen[key] = unquote(split)
+    return base, chosen
+
+
+def _split_files(directory: Path, split: str) -> list[Path]:
+    """A local folder's files of split `split`: `<split>.json` (or .jsonl, .parquet), or the shards a hub data
+    set's snapshot holds (`<split>-00000-of-00002.parquet` ...), in the folder or its `data/` folder; [] if none."""
+    shard = re.compile(rf"{re.escape(split)}(-\d+-of-\d+)?({'|'.join(map(re.escape, LOCAL_SUFFIXES))})",
+                       re.IGNORECASE)
+    for folder in (directory, directory / "data"):
+        found = sorted(p for p in folder.glob("*") if shard.fullmatch(p.name) and p.is_file()) if folder.is_dir() else []
+        whole = [p for p in found if p.stem.lower() == split.lower()]
+        if len(whole) > 1:
+            raise DataError(f"{folder}: both {whole[0].name} and {whole[1].name} exist; keep one")
+        if found:
+            return whole or found
+    return []
+
+
+def _data_files(directory: Path) -> list[str]:
+    """The names of the data files in a folder and its `data/` folder, for a message."""
+    return sorted(str(p.relative_to(directory)) for folder in (directory, directory / "data") if folder.is_dir()
+                  for p in folder.iterdir() if p.suffix.lower() in LOCAL_SUFFIXES)
+
+
+def _read_files(paths: list[Path], columns: dict[str, str] | None) -> datasets.Dataset:
+    """A split of one file or several shards, read as read_local_split reads one."""
+    if len(paths) == 1:
+        return read_local_split(paths[0], columns)
+    rows = [row for path in paths for row in read_local_split(path, columns).to_list()]
+    if any(row.get(UNUSABLE) for row in rows):
+        rows = [{**row, UNUSABLE: row.get(UNUSABLE)} for row in rows]
+    return datasets.Dataset.from_list(rows)
 
 
 class ShapedRows(FieldsAsWritten):
@@ -590,17 +637,36 @@ class LocalJsonFile(ShapedRows, RawDataset):
     """
 
     def __init__(self, path: str | os.PathLike, seed: int = BUILTIN_SEED, name: str | None = None,
-                 columns: dict[str, str] | None = None):
+                 columns: dict[str, str] | None = None, splits: dict[str, str] | None = None):
         super().__init__(seed)
         self.path = Path(os.path.expanduser(str(path)))
         self.name = name if name is not None else str(path)
         if self.path.is_dir():
-            self.train_file = _split_file(self.path, "train")
-            self.eval_file: Path | None = _split_file(self.path, "eval")
-            self._train = read_local_split(self.train_file, columns)
-            self._eval = read_local_split(self.eval_file, columns)
-            files = (self.train_file, self.eval_file)
+            names = {"train": "train", **(splits or {})}
+            train_files = _split_files(self.path, names["train"])
+            if not train_files:
+                present = _data_files(self.path)
+                raise DataError(f"{self.path}: no {names['train']}.json (nor .jsonl, .parquet) in it or its data/ "
+                                f"folder; " + (f"it has {', '.join(present[:6])}: choose the splits as "
+                                               f"'{self.name}?train=NAME&eval=NAME'" if present else
+                                               "a data folder needs train.json and eval.json"))
+            eval_names = [names["eval"]] if "eval" in names else list(EVAL_SPLITS)
+            eval_files = next((found for found in map(lambda n: _split_files(self.path, n), eval_names) if found), [])
+            if "eval" in names and not eval_files:
+                raise DataError(f"{self.path}: no {names['eval']}.json (nor .jsonl, .parquet) in it or its data/ "
+                                "folder (chosen by ?eval=)")
+            self.train_file, self.eval_file = train_files[0], (eval_files[0] if eval_files else None)
+            self._train = _read_files(train_files, columns)
+            if eval_files:
+                self._eval = _read_files(eval_files, columns)
+            else:  # no eval file: the train split is split 9:1, as a single file
+                train, evl = split_train_eval(len(self._train), seed, f"{self.path} train split")
+                self._train, self._eval = (self._train.select(rows, keep_in_memory=True) for rows in (train, evl))
+            files = (*train_files, *eval_files)
         elif self.path.is_file():
+            if splits:
+                raise ConfigError(f"{self.name}?...: a single file has no splits to choose (it is split 9:1); "
+                                  "choose splits of a folder or a loaded data set")
             if self.path.suffix.lower() not in LOCAL_SUFFIXES:
                 raise DataError(f"{self.path}: unsupported file type '{self.path.suffix}'; "
                                 f"expected a .json, .jsonl or .parquet file, or a directory with train.json and "
@@ -619,10 +685,6 @@ class LocalJsonFile(ShapedRows, RawDataset):
         self.clean_name = f"local_{_safe(label)}_{_files_digest(*files)}"
 
 
-EVAL_SPLITS = ("test", "validation", "eval")
-"""The splits a loaded data set's eval split is taken from, the first it has (else its train split is split 9:1)."""
-
-
 def is_saved_dataset(path: str | os.PathLike) -> bool:
     """Whether `path` is a folder `datasets` wrote with save_to_disk (a DatasetDict's or a Dataset's)."""
     path = Path(path)
@@ -639,17 +701,23 @@ class LoadedDataset(ShapedRows, RawDataset):
     else the train split is split 9:1 with `seed`."""
 
     def __init__(self, name: str, loaded: datasets.DatasetDict | datasets.Dataset, seed: int = BUILTIN_SEED,
-                 columns: dict[str, str] | None = None):
+                 columns: dict[str, str] | None = None, chosen_splits: dict[str, str] | None = None):
         super().__init__(seed)
         self.name = name
         splits = {"train": loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
-        train = "train" if "train" in splits else next(iter(splits)) if len(splits) == 1 else None
+        chosen = chosen_splits or {}
+        for key, split in chosen.items():
+            if split not in splits:
+                raise DataError(f"{name}: no split '{split}' (chosen by ?{key}=; it has: {', '.join(splits)})")
+        train = chosen.get("train") or ("train" if "train" in splits else next(iter(splits)) if len(splits) == 1
+                                        else None)
         if train is None:
-            some = next(iter(splits), "train_prefs")
-            raise DataError(f"{name}: no 'train' split (it has: {', '.join(splits) or 'none'}); write the splits to "
-                            f"use as a folder's train.jsonl and eval.jsonl (`data['{some}'].to_json(...)`) and pass "
-                            "the folder")
-        evaluation = next((split for split in EVAL_SPLITS if split in splits and split != train), None)
+            some = [split for split in splits if split.startswith("train")] or list(splits)
+            evals = [split for split in splits if split.startswith(("test", "valid", "eval"))] or list(splits)
+            raise DataError(f"{name}: no 'train' split (it has: {', '.join(splits) or 'none'}); choose the splits as "
+                            f"'{name}?train={some[0]}&eval={evals[0]}'")
+        evaluation = chosen.get("eval") or next((split for split in EVAL_SPLITS if split in splits and split != train),
+                                                None)
         self._train = self._read(splits[train], train, columns)
         if evaluation is None:
             train_rows, eval_rows = split_train_eval(len(self._train), seed, f"{name} {train} split")
@@ -666,14 +734,15 @@ class LoadedDataset(ShapedRows, RawDataset):
                          set(split.column_names), columns)
 
     @classmethod
-    def from_disk(cls, path: str, seed: int = BUILTIN_SEED, columns: dict[str, str] | None = None):
+    def from_disk(cls, path: str, seed: int = BUILTIN_SEED, columns: dict[str, str] | None = None,
+                  chosen_splits: dict[str, str] | None = None):
         """A save_to_disk folder (`is_saved_dataset`)."""
         try:
             loaded = datasets.load_from_disk(os.path.expanduser(path))
         except Exception as exc:  # a damaged folder: its JSON or Arrow files
             raise DataError(f"{path}: not a readable save_to_disk folder ({type(exc).__name__}: "
                             f"{_one_line(exc, 160)})") from None
-        return cls(path, loaded, seed, columns)
+        return cls(path, loaded, seed, columns, chosen_splits)
 
 
 # --------------------------------------------------------------------------- builtin

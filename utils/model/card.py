@@ -79,8 +79,10 @@ def start_chain(settings, role=None):
 
 
 def hub_datasets(data_paths):
-    """The data paths that are hub data set names (owner/name, not a local file or folder): the card's datasets."""
-    return [path for path in data_paths if path.count("/") == 1 and ":" not in path and not Path(path).exists()]
+    """The data paths that are hub data set names (owner/name, not a local file or folder; without the splits a
+    path may choose, `?train=...`): the card's datasets."""
+    names = [path.partition("?")[0] for path in data_paths]
+    return [name for name in names if name.count("/") == 1 and ":" not in name and not Path(name).exists()]
 
 
 def machine():

@@ -40,6 +40,8 @@ def test_a_hub_name_loads_from_the_cache_offline_with_its_columns_renamed(hub_ca
     assert raw.clean_name.startswith("loaded_tests_prefs_")
     swapped = get_raw_dataset("tests/prefs", 1234, {**RENAMED, "chosen": "bad", "rejected": "good"})
     assert triples(swapped.get_train_data(), swapped)[0] == (PREFS["train"][0]["question"], " 2", " 1")
+    chosen = get_raw_dataset("tests/prefs?train=validation&eval=train", 1234, RENAMED)  # the splits chosen by name
+    assert (len(chosen.get_train_data()), len(chosen.get_eval_data())) == (len(PREFS["validation"]), 20)
 
 
 def test_a_hub_name_that_is_not_in_the_cache_offline_is_one_error_line(hub_cache):
@@ -84,9 +86,41 @@ def test_a_lone_split_of_any_name_is_the_train_split_and_several_without_train_a
     raw = get_raw_dataset(str(tmp_path / "lone"), 7, RENAMED)
     assert (len(raw.get_train_data()), len(raw.get_eval_data())) == (18, 2)  # split 9:1, not test as both
     datasets.DatasetDict({"train_prefs": rows, "test_prefs": rows}).save_to_disk(tmp_path / "several")
-    with pytest.raises(DataError, match=r"several: no 'train' split \(it has: train_prefs, test_prefs\); write the splits to use as a "
-                                         r"folder's train.jsonl and eval.jsonl \(`data\['train_prefs'\].to_json"):
+    with pytest.raises(DataError, match=r"several: no 'train' split \(it has: train_prefs, test_prefs\); choose the "
+                                         r"splits as '.*several\?train=train_prefs&eval=test_prefs'"):
         get_raw_dataset(str(tmp_path / "several"), 7, RENAMED)
+
+
+def test_a_data_path_chooses_its_splits(tmp_path):
+    """HuggingFaceH4/ultrafeedback_binarized's splits are train_prefs, test_prefs...: `?train=...&eval=...`."""
+    datasets.DatasetDict({"train_prefs": datasets.Dataset.from_list(PREFS["train"]),
+                          "test_prefs": datasets.Dataset.from_list(PREFS["validation"])}).save_to_disk(tmp_path / "h4")
+    raw = get_raw_dataset(f"{tmp_path / 'h4'}?train=train_prefs&eval=test_prefs", 7, RENAMED)
+    assert triples(raw.get_eval_data(), raw) == [(r["question"], r["good"], r["bad"]) for r in PREFS["validation"]]
+    assert len(raw.get_train_data()) == 20
+    raw = get_raw_dataset(f"{tmp_path / 'h4'}?train=train_prefs", 7, RENAMED)  # no eval split among the defaults
+    assert (len(raw.get_train_data()), len(raw.get_eval_data())) == (18, 2)
+    with pytest.raises(DataError, match=r"no split 'test' \(chosen by \?eval=; it has: train_prefs, test_prefs\)"):
+        get_raw_dataset(f"{tmp_path / 'h4'}?train=train_prefs&eval=test", 7, RENAMED)
+    with pytest.raises(ConfigError, match=r"must choose splits as \?train=SPLIT&eval=SPLIT"):
+        get_raw_dataset(f"{tmp_path / 'h4'}?split=train_prefs", 7, RENAMED)
+
+
+def test_a_folder_of_hub_shards_reads_its_splits_by_name(tmp_path):
+    """A hub data set's snapshot: data/<split>-00000-of-00002.parquet ..., read shard by shard."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "snap" / "data").mkdir(parents=True)
+    rows = PREFS["train"]
+    for index, part in enumerate((rows[:12], rows[12:])):
+        pq.write_table(pa.Table.from_pylist(part), tmp_path / "snap" / "data" / f"train_prefs-0000{index}-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(PREFS["validation"]), tmp_path / "snap" / "data" / "test_prefs-00000-of-00001.parquet")
+    raw = get_raw_dataset(f"{tmp_path / 'snap'}?train=train_prefs&eval=test_prefs", 7, RENAMED)
+    assert triples(raw.get_train_data(), raw) == [(r["question"], r["good"], r["bad"]) for r in rows]
+    assert len(raw.get_eval_data()) == len(PREFS["validation"])
+    with pytest.raises(ConfigError, match="a single file has no splits to choose"):
+        get_raw_dataset(f"{tmp_path / 'snap' / 'data' / 'test_prefs-00000-of-00001.parquet'}?train=x", 7, RENAMED)
 
 
 def test_renamed_columns_reach_every_row_shape(tmp_path):

@@ -270,11 +270,24 @@ def test_local_jsonfile_is_cwd_data(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- local errors
 
 
-def test_missing_eval_file_names_path(tmp_path):
-    write_jsonl(tmp_path / "train.json", local_rows(2))
-    with pytest.raises(DataError) as err:
+def test_a_folder_without_an_eval_file_takes_test_or_splits_its_train_file(tmp_path):
+    write_jsonl(tmp_path / "train.json", local_rows(20))
+    raw = rd.LocalJsonFile(tmp_path)  # no eval file: the train file split 9:1, as a single file
+    assert (len(raw.get_train_data()), len(raw.get_eval_data())) == (18, 2) and raw.eval_file is None
+    write_jsonl(tmp_path / "test.jsonl", local_rows(3))  # Hugging Face's name for the held-out split
+    raw = rd.LocalJsonFile(tmp_path)
+    assert (len(raw.get_train_data()), len(raw.get_eval_data())) == (20, 3) and raw.eval_file.name == "test.jsonl"
+
+
+def test_a_folder_without_a_train_file_names_its_files_and_the_choice(tmp_path):
+    write_jsonl(tmp_path / "train_prefs.jsonl", local_rows(2))
+    with pytest.raises(DataError, match=r"no train.json \(nor .jsonl, .parquet\) in it or its data/ folder; it has "
+                                        r"train_prefs.jsonl: choose the splits as '.*\?train=NAME&eval=NAME'"):
         rd.LocalJsonFile(tmp_path)
-    assert str(tmp_path / "eval.json") in str(err.value) and "not found" in str(err.value)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="a data folder needs train.json and eval.json"):
+        rd.LocalJsonFile(empty)
 
 
 def test_both_json_and_jsonl_is_ambiguous(tmp_path):
