@@ -38,6 +38,7 @@ import psutil
 from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, check_step_flags, checker_defaults,
                                closing_answers, evaluation_command, has_step3, plan, run_inputs, step_command,
                                train_recipe)
+from utils.data.data_utils import check_columns_apply, parse_data_split
 from utils.runtime.args import add_column_args, column_keys, registry_help
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
@@ -232,7 +233,12 @@ def parse_args(argv=None):
 
 def check_args(args):
     """Flags impossible together, refused before anything is read or run."""
-    column_keys(args)  # two fields in one column
+    check_columns_apply(args.data_path or ["builtin"], column_keys(args), dashes=True)  # two fields in one column, or none
+    if args.data_split is not None:  # refused here, not by step 1's parser once launched
+        try:
+            parse_data_split(args.data_split)
+        except ConfigError as err:
+            raise ConfigError(str(err).replace("--data_split", "--data-split", 1)) from None
     stages = ALGORITHMS[args.algorithm].stages
     critic_free = [name for name, row in ALGORITHMS.items() if "rl" in row.stages]  # RL that takes a reward fn
     if args.reward_fn and args.algorithm not in critic_free:

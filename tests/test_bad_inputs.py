@@ -103,6 +103,13 @@ CASES = [
     Case("reasoning-gym tool_traces of an unknown tool", "step1",
          [*STEP1, "--data_path", "reasoning_gym:chain_sum?tool_traces=bash"],
          ("reasoning_gym:chain_sum: tool_traces=bash must be one of python",)),
+    Case("train.py --data-split with a negative part, before step 1 runs", "train.py",
+         ["--data-split=-1,2,2", "--output-dir", "{out}"], ("--data-split '-1,2,2' must be comma-separated",)),
+    Case("train.py --chosen-key with data of fixed fields", "train.py",
+         ["--chosen-key", "better", "--output-dir", "{out}"],
+         ("--chosen-key names columns of local files", "builtin has fixed fields")),
+    Case("step1 --prompt_key with data of fixed fields", "step1", [*STEP1, "--prompt_key", "question"],
+         ("--prompt_key names columns of local files",)),
     Case("train.py orpo has no step 1", "train.py", ["--algorithm", "orpo", "--step", "1", "--output-dir", "{out}"],
          ("--step 1: nothing to run for --algorithm orpo",)),
     # step 1: data

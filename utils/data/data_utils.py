@@ -20,7 +20,7 @@ from utils.data.prompting import encode_prompt_text, model_answer, model_prompt,
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
                                      builtin_data_dir, is_saved_dataset, load_hub, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
-from utils.runtime.args import AUTO, column_keys, is_auto
+from utils.runtime.args import AUTO, column_flag, column_keys, is_auto
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
 from utils.runtime.paths import write_file_atomic
@@ -32,12 +32,27 @@ HUB_NAME = re.compile(r"[A-Za-z0-9_][\w.-]*(/[\w.-]+)?")
 """A name that may be a hub data set's (`name` or `owner/name`), not a local path (`./x`, `/x`, `~/x`, `a/b/c`)."""
 
 
+def has_fixed_fields(name: str) -> bool:
+    """Whether data set `name`'s fields are fixed (a registry name, builtin, a reasoning-gym spec): the
+    --<field>_key flags do not rename its columns."""
+    return name in HUB_DATASETS or name == "builtin" or name.startswith("reasoning_gym:")
+
+
+def check_columns_apply(data_paths: list[str], columns: dict | None, dashes: bool = False) -> None:
+    """Refuse --<field>_key flags (`dashes`: train.py's --<field>-key) where no data path has columns for them to
+    name (they would be ignored)."""
+    if columns and all(has_fixed_fields(name) for name in data_paths):
+        flags = ", ".join(column_flag(field).replace("_", "-") if dashes else column_flag(field) for field in columns)
+        raise ConfigError(f"{flags} names columns of local files, hub data sets or save_to_disk folders; "
+                          f"{' '.join(data_paths)} has fixed fields, which the flag would not rename")
+
+
 def get_raw_dataset(name: str, seed: int, columns: dict | None = None) -> RawDataset:
     """The raw data set called `name`: a known hub name, `builtin`, `local/jsonfile` (./data under the current
     directory), a `reasoning_gym:` spec, an existing local path (a save_to_disk folder, or local files), or any
     other name `datasets.load_dataset` reads (from the Hugging Face cache offline). `columns` ({field: column},
     the --<field>_key flags) renames the columns of the last three kinds; the others have fixed fields."""
-    if name in HUB_DATASETS:
+    if name in HUB_DATASETS:  # the fixed-field kinds first (has_fixed_fields)
         return HUB_DATASETS[name](seed=seed)
     if name == "builtin":
         return Builtin(seed=seed)
@@ -520,6 +535,7 @@ def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed
     if train_phase not in PHASES:
         raise ConfigError(f"train_phase must be 1, 2 or 3, not {train_phase}")
     parse_data_split(data_split)
+    check_columns_apply(data_paths, columns)
     datasets, counts = {}, {}
     for split_name in ("train", "eval"):
         counter = SampleCounter(f"phase {train_phase} {split_name}")
