@@ -295,6 +295,23 @@ def test_a_non_finite_loss_stops_with_one_error_line_and_keeps_the_last_checkpoi
     assert folder_digest(checkpoint) == digest  # untouched since it was written
 
 
+def test_a_failed_run_into_a_folder_keeps_the_earlier_model_and_its_history(tmp_path):
+    """A step run again into the folder of an earlier one and failing (a NaN loss, in fp32 as above) leaves that
+    folder's model, metrics and history.jsonl as they were; its own history stays partial beside them."""
+    out = tmp_path / "out"
+    base = [sys.executable, str(STEP1 / "main.py"), *STEP1_FLAGS, "--data_output_path", str(tmp_path / "data"),
+            "--output_dir", str(out), "--dtype", "fp32", "--max_steps", "4", "--print_interval", "1"]
+    run_ok(base)
+    before = folder_digest(out)
+    assert "history.jsonl" in before and "history.jsonl.partial" not in before
+    result = run([*base, "--learning_rate", "1e30", "--lr_scheduler_type", "constant_with_warmup",
+                  "--num_warmup_steps", "3"])
+    assert result.returncode == 2 and "the training loss is" in result.stdout + result.stderr
+    after = folder_digest(out)
+    assert (out / "history.jsonl.partial").read_text().count("\n") >= 1  # the failed run's, beside the kept ones
+    assert {name: digest for name, digest in after.items() if name != "history.jsonl.partial"} == before
+
+
 def test_train_py_passes_save_steps_resume_and_overwrite_to_every_step():
     # --pair-judge none: the training steps alone (the judged pairs' sampling is a script without checkpoints)
     result = run([sys.executable, "train.py", "--dry-run", "--pair-judge", "none", "--save-steps", "50", "--resume"])

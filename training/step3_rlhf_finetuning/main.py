@@ -225,6 +225,7 @@ def main(argv=None):
                               card=model_card(settings, metrics, role=name))
     metrics["wall_time_s"] = time.time() - start_time
     write_metrics(args.output_dir, metrics)
+    monitor.publish()
     scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}  # not rows_skipped
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**scalars)}")
 

@@ -45,7 +45,7 @@ from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, int
 from utils.runtime.paths import (claim_folder, delete_leftovers, make_temp_dir_beside, replace_dir,
                                  write_file_atomic)
 from utils.runtime.progress import is_rank_0
-from utils.trainer.monitor import HISTORY
+from utils.trainer.monitor import HISTORY, PARTIAL_HISTORY
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -181,7 +181,7 @@ def claim_output_dir(args, inputs=None, model_dirs=None):
 
 def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
     claim_folder(out, "--output_dir", {flag: path for flag, path in inputs.items() if Path(path).is_dir()},
-                 model_dirs=model_dirs or [out], scratch=(HISTORY,))
+                 model_dirs=model_dirs or [out], scratch=(HISTORY, PARTIAL_HISTORY))
     on_exit(lambda: interrupt_hint(None))
     root = out / CHECKPOINTS
     earlier = checkpoints_in(root)

@@ -225,12 +225,13 @@ def train_loop(engine, state, args, total_steps, device, *, loss_and_stats, chec
 
 def save_run(engine, tokenizer, args, metrics, state, start_time):
     """The end of a step: the run's totals and counts (LoopState.counts) added to `metrics`, the monitor closed,
-    the model saved as a Hugging Face folder in --output_dir with its training flags and model card, and
-    metrics.json beside it."""
+    the model saved as a Hugging Face folder in --output_dir with its training flags and model card, metrics.json
+    beside it, and then the run's history."""
     metrics.update(state.counts, **state.stop.metrics(), optimizer_steps=engine.global_steps,
                    parameters=count_parameters(engine.module), wall_time_s=time.time() - start_time)
     state.monitor.close()
     save_engine_model(engine, tokenizer, args.output_dir, settings=state.flags, card=model_card(state.flags, metrics))
     write_metrics(args.output_dir, metrics)
+    state.monitor.publish()
     scalars = {name: value for name, value in metrics.items() if not isinstance(value, dict)}
     print_rank_0(f"saved {args.output_dir}; {format_scalars(**scalars)}")

@@ -15,6 +15,9 @@ from utils.runtime.trackers import TrackerSettings, open_trackers
 
 HISTORY = "history.jsonl"
 """A step's scalars, one JSON line per `Monitor.write` ({"step", "prefix", name: value...}), in its output folder."""
+PARTIAL_HISTORY = HISTORY + ".partial"
+"""The history of a run in progress, renamed to HISTORY when its model is saved (`Monitor.publish`): a run that
+fails leaves the history of the model the folder holds as it was."""
 
 
 class Monitor:
@@ -23,12 +26,13 @@ class Monitor:
 
     All steps of a pipeline write under one --tensorboard_path (each in its own folder, so one TensorBoard shows
     the curves of the whole pipeline) and one --tracking_dir, their W&B and MLflow runs grouped by --run_group.
-    HISTORY is started anew by a fresh run and continued by a resumed one (whose steps after its checkpoint then
-    appear twice: `read_history` keeps the later line)."""
+    The history is written to PARTIAL_HISTORY, started anew by a fresh run and continued by a resumed one (whose
+    steps after its checkpoint then appear twice: `read_history` keeps the later line), and becomes HISTORY when the
+    run's model is saved (`publish`)."""
 
     def __init__(self, args, run_name, history_dir=None, resumed=False):
         self.trackers, self.history = [], None
-        self.history_path = Path(history_dir) / HISTORY if history_dir is not None and is_rank_0() else None
+        self.history_path = Path(history_dir) / PARTIAL_HISTORY if history_dir is not None and is_rank_0() else None
         self.history_mode = "a" if resumed else "w"  # opened at the first write: a run that fails first leaves none
         if is_rank_0() and args.report_to:
             config = json.loads(json.dumps(vars(args), default=str))
@@ -55,6 +59,12 @@ class Monitor:
         if self.history is not None:
             self.history.close()
             self.history = None
+
+    def publish(self):
+        """The run's history as the folder's HISTORY (after its model is saved), in place of an earlier run's."""
+        self.close()
+        if self.history_path is not None and self.history_path.is_file():
+            self.history_path.replace(self.history_path.with_name(HISTORY))
 
 
 def read_history(folder):

@@ -5,7 +5,7 @@ import json
 import sys
 from argparse import Namespace
 
-from utils.trainer.monitor import HISTORY, Monitor, peak_memory, read_history
+from utils.trainer.monitor import HISTORY, PARTIAL_HISTORY, Monitor, peak_memory, read_history
 from utils.trainer.plots import MATPLOTLIB_MISSING, image_name, report_figures, stage_panels
 from utils.trainer.report import pipeline_report
 
@@ -22,22 +22,28 @@ def test_the_monitor_writes_a_history_that_a_resumed_run_continues(tmp_path):
     monitor.write(2, "eval", accuracy=0.5)
     monitor.close()
     assert not (tmp_path / "tb").exists()  # TensorBoard off: the history alone
-    assert json.loads((tmp_path / HISTORY).read_text().splitlines()[0]) == {"step": 1, "prefix": "train",
-                                                                             "loss": 2.0, "lr": 0.1}
+    assert not (tmp_path / HISTORY).exists()  # the run's model is not saved yet: its history is partial
     # Resumed from a checkpoint at step 1: step 2 is trained again, and its new line wins; a torn line is skipped.
-    with open(tmp_path / HISTORY, "a") as f:
+    with open(tmp_path / PARTIAL_HISTORY, "a") as f:
         f.write('{"step": 3, "pre')
     resumed = Monitor(NO_TRACKERS, "run", tmp_path, resumed=True)
     resumed.write(2, "train", loss=1.25)
-    resumed.close()
+    resumed.publish()  # the model saved: the history is the folder's
+    assert not (tmp_path / PARTIAL_HISTORY).exists()
+    assert json.loads((tmp_path / HISTORY).read_text().splitlines()[0]) == {"step": 1, "prefix": "train",
+                                                                             "loss": 2.0, "lr": 0.1}
     history = read_history(tmp_path)
     assert history["train"]["loss"] == [(1, 2.0), (2, 1.25)]
     assert history["eval"] == {"accuracy": [(2, 0.5)]}
-    Monitor(NO_TRACKERS, "run", tmp_path).close()  # a fresh run that wrote nothing leaves the old history alone
+    Monitor(NO_TRACKERS, "run", tmp_path).publish()  # a fresh run that wrote nothing leaves the old history alone
+    assert read_history(tmp_path) == history
+    failed = Monitor(NO_TRACKERS, "run", tmp_path)  # a fresh run that fails before its model is saved: the same
+    failed.write(1, "train", loss=9.0)
+    failed.close()
     assert read_history(tmp_path) == history
     fresh = Monitor(NO_TRACKERS, "run", tmp_path)
     fresh.write(1, "train", loss=3.0)
-    fresh.close()
+    fresh.publish()
     assert read_history(tmp_path) == {"train": {"loss": [(1, 3.0)]}}
     assert read_history(tmp_path / "none") == {}
 
