@@ -40,9 +40,11 @@ def flag(command, name):
 
 
 def write_rows(folder, *names, answered=True):
-    """Small JSON-lines data files `names` in `folder`: prompts with completions, or prompts alone."""
+    """Small JSON-lines data files `names` in `folder`: prompts with a chosen and a rejected answer, or prompts
+    alone."""
     for name in names:
-        write_jsonl(folder / name, ({"prompt": f"What is {i} + 1?", **({"completion": f" {i + 1}"} if answered else {})}
+        write_jsonl(folder / name, ({"prompt": f"What is {i} + 1?",
+                                     **({"chosen": f" {i + 1}", "rejected": f" {i + 2}"} if answered else {})}
                                     for i in range(10)))
 
 
@@ -772,3 +774,29 @@ def test_a_second_driver_leaves_a_running_steps_log_alone(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "is in use by another run" in errors[0], result.stderr[-2000:]
     assert (step_dir / "training.log").read_text() == "the running step's lines\n"
+
+
+@pytest.mark.parametrize("argv, refused", [
+    ([], "the reward stage of --algorithm ppo"),
+    (["--algorithm", "dpo"], "the dpo stage of --algorithm dpo"),
+    (["--algorithm", "orpo"], "the orpo stage of --algorithm orpo"),
+    (["--step", "1"], None),  # SFT alone
+    (["--algorithm", "grpo", "--reward-fn", "builtin"], None),  # no stage on pairs
+    (["--algorithm", "dpo", "--pair-judge", "builtin"], None),  # pairs judged from the actor's answers
+    (["--step2-args", "--data_path pairs.jsonl"], None),  # step 2's own data, which its stage reads
+])
+def test_sft_data_without_pairs_is_refused_before_any_step_where_a_stage_needs_pairs(tmp_path, monkeypatch, argv,
+                                                                                     refused):
+    """A ShareGPT chat file has answers to imitate but no pairs: the reward model (or DPO, ORPO) would fail after
+    step 1 had trained; train.py says so before."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "chats.jsonl", ({"conversations": [{"from": "human", "value": f"What is {i} + 1?"},
+                                                              {"from": "gpt", "value": f"{i + 1}"}]}
+                                           for i in range(10)))
+    if refused is None:
+        assert commands("--data-path", "chats.jsonl", *argv)[0]
+        return
+    with pytest.raises(ConfigError) as err:
+        commands("--data-path", "chats.jsonl", *argv)
+    assert f"--data-path chats.jsonl has no preference pairs (a row with a chosen and a rejected answer) for {refused}" \
+        in str(err.value)

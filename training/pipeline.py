@@ -105,6 +105,10 @@ STAGES = {
 }
 
 
+PAIR_STAGES = ("reward", "dpo", "orpo")
+"""The stages that train on the data's preference pairs unless --pair-judge makes them from the actor's answers."""
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One --algorithm."""
@@ -229,8 +233,17 @@ def plan(args):
     sampled pairs first in step 2; with --pair-rounds N the `repeats` stages again for rounds 2 to N."""
     names = [name for name in ALGORITHMS[args.algorithm].stages
              if not (STAGES[name].trains == "reward" and args.reward_fn)]
-    if not has_reference_answers(tuple(args.data_path or ()), tuple(column_keys(args).items())):
+    data = tuple(args.data_path or ()), tuple(column_keys(args).items())
+    if not has_reference_answers(*data):
         names = [name for name in names if STAGES[name].step != 1]
+    own_data = "--data_path" in getattr(args, "step2_args", "")  # step 2's own data: its stage reads and checks it
+    on_pairs = [name for name in names if name in PAIR_STAGES and STAGES[name].step in getattr(args, "step", (2,))
+                and not own_data]
+    if on_pairs and not args.pair_judge and not has_pairs(*data):
+        raise ConfigError(f"--data-path {' '.join(data[0]) or 'builtin'} has no preference pairs (a row with a chosen "
+                          f"and a rejected answer) for the {on_pairs[0]} stage of --algorithm {args.algorithm}: give "
+                          "pair data, --pair-judge FN to judge the actor's own answers, or a critic-free --algorithm "
+                          "with --reward-fn FN (--step 1 trains SFT alone)")
     if args.pair_judge:
         names.insert(next(i for i, name in enumerate(names) if STAGES[name].step == 2), "pairs")
     repeating = [name for name in names if STAGES[name].repeats]
@@ -274,13 +287,25 @@ def run_inputs(args, run, runs):
     return [other for other in runs if other is not run and str(other.output) in given]
 
 
-@lru_cache(maxsize=None)
 def has_reference_answers(data_paths, columns=()):
     """Whether the data has answers to imitate: False for prompts alone (a local file of questions, reasoning-gym
     tasks that any valid solution answers, such as graph_color), its columns renamed by `columns` ((field, column)
     pairs). DeepSpeed-Chat's hub data sets, whose reading needs the network, and the built-in task have them. A
     path that is neither a known name nor an existing file or folder nor a data set `datasets` loads, or whose
     columns are not there, is refused here, before any step starts."""
+    return data_answers(data_paths, columns)[0]
+
+
+def has_pairs(data_paths, columns=()):
+    """Whether the data has preference pairs (a chosen and a rejected answer to one prompt), as has_reference_answers
+    reads it."""
+    return data_answers(data_paths, columns)[1]
+
+
+@lru_cache(maxsize=None)
+def data_answers(data_paths, columns=()):
+    """(whether some row has a chosen answer, whether some row has a chosen and a rejected one) of the data's train
+    splits (has_reference_answers); True for the kinds whose reading needs the network or that have both."""
     from utils.data.data_utils import get_raw_dataset  # loads datasets: --help and flag errors answer first
     from utils.data.raw_datasets import HUB_DATASETS
 
@@ -290,15 +315,19 @@ def has_reference_answers(data_paths, columns=()):
         except DataError as err:
             raise DataError(f"--data-path: {err}") from None
 
-    def answered(raw):
+    def answers(raw):
         try:
-            return any(raw.get_chosen(row) is not None for row in raw.get_train_data())
+            rows = list(raw.get_train_data())
+            return (any(raw.get_chosen(row) is not None for row in rows),
+                    any(raw.get_chosen(row) is not None and raw.get_rejected(row) is not None for row in rows))
         except DataError:  # a reasoning-gym spec none of whose tasks has reference answers
-            return False
+            return False, False
 
     paths = data_paths or ("builtin",)
-    readable = [read(path) for path in paths if path not in HUB_DATASETS and path != "builtin"]
-    return len(readable) < len(paths) or any(answered(raw) for raw in readable)
+    found = [answers(read(path)) for path in paths if path not in HUB_DATASETS and path != "builtin"]
+    if len(found) < len(paths):
+        return True, True
+    return any(chosen for chosen, _ in found), any(paired for _, paired in found)
 
 
 def pipeline_flags(args, data_columns=True):
