@@ -64,6 +64,8 @@ ROLES = ("system", "user", "assistant")
 ASSISTANT_MARK = "Assistant:"
 UNUSABLE = "unusable"
 """The field of a row the text form cannot hold (its prompt and answers None): why, for the step's skip count."""
+
+
 class Unusable(Exception):
     """A row the text form cannot hold faithfully; read_pair returns it as a row of None with the reason."""
 
@@ -78,13 +80,18 @@ def _index(field: str, first: object = 0) -> Callable[[dict, str], int | None]:
     return judge
 
 
+def _number(value: dict, field: str, where: str, meaning: str = "") -> float:
+    """The number in `field` (not a bool, not NaN); a DataError naming the field otherwise."""
+    number = value[field]
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or number != number:
+        raise DataError(f"{where}: field '{field}' must be a number{meaning}, got {number!r}")
+    return number
+
+
 def _sign(field: str) -> Callable[[dict, str], int | None]:
     """A judge reading `field` as a preference strength: negative where the first is better, 0 a tie."""
     def judge(value: dict, where: str) -> int | None:
-        strength = value[field]
-        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or strength != strength:
-            raise DataError(f"{where}: field '{field}' must be a number (negative where the first response is "
-                            f"better), got {strength!r}")
+        strength = _number(value, field, where, " (negative where the first response is better)")
         return None if strength == 0 else int(strength > 0)
     return judge
 
@@ -92,10 +99,7 @@ def _sign(field: str) -> Callable[[dict, str], int | None]:
 def _scores(first: str, second: str) -> Callable[[dict, str], int | None]:
     """A judge comparing the two responses' scores: the higher is better, equal ones a tie."""
     def judge(value: dict, where: str) -> int | None:
-        scores = [value[first], value[second]]
-        for field, score in zip((first, second), scores):
-            if isinstance(score, bool) or not isinstance(score, (int, float)) or score != score:
-                raise DataError(f"{where}: field '{field}' must be a number, got {score!r}")
+        scores = [_number(value, field, where) for field in (first, second)]
         return None if scores[0] == scores[1] else int(scores[1] > scores[0])
     return judge
 
@@ -134,6 +138,7 @@ RANKED_SHAPES = (
     Ranked("conversation_a", "conversation_b", None, ("winner",), _winner("winner")),  # Chatbot Arena
 )
 """Shape 6's layouts, one row each; a layout is known by its responses' and judgement's fields."""
+
 
 def unusable_row(reason: str) -> dict[str, str | None]:
     return {"prompt": None, "chosen": None, "rejected": None, UNUSABLE: reason}
@@ -185,8 +190,8 @@ def _ranked(value: dict, where: str) -> dict:
     responses were also named chosen and rejected (--chosen_key) is refused: the flags would ignore which response
     is the better."""
     fields = set(value)
+    renamed = "chosen" in value or "rejected" in value
     for shape in RANKED_SHAPES:
-        renamed = "chosen" in value or "rejected" in value
         if (not set(shape.judged_by) <= fields or (shape.prompt and shape.prompt not in fields)
                 or not ({shape.first, shape.second} <= fields or renamed)):
             continue
