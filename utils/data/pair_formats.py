@@ -37,10 +37,15 @@ decides which), their columns first renamed to these fields by the --<field>_key
    user turn (or its messages) and the responses its answers, as in shape 3. A tie is unusable.
 7. **Instruction data and ShareGPT chats**: Alpaca's `instruction` (and `input`, on the next line), `output` (or
    `chosen` and `rejected`), `history` ([[instruction, answer], ...] before it); a `question` (Orca) or an `input`
-   (OpenRLHF's default) without a `prompt`; an answer in `output` or `response` without a `chosen`; ShareGPT's
+   (OpenRLHF's default; `problem`, `query`) without a `prompt`; an answer in `output` or `response` without a
+   `chosen`; Dolly's `context` after its instruction like Alpaca's input; ShareGPT's
    `conversations` of `{"from": "human" | "gpt" | "system", "value"}` (a whole chat, or, with `chosen` and
    `rejected` messages, the prompt of a pair: LLaMA-Factory's form). Each is a user's turn, read as shape 3 or 4. A
-   `system` string column (Orca, LLaMA-Factory) is the prompt's first message wherever the row has none.
+   `system` (or `system_prompt`) string column is the prompt's first message wherever the row has none.
+
+8. **A list of ranked or scored answers** (`LISTED_SHAPES`): Nectar's `answers` (`{"answer", "rank"}`, 1 the
+   best), UltraFeedback's `completions` (`{"response", "overall_score"}`): the best answer is the chosen one, the
+   worst the rejected one; all ranked alike is a tie.
 
 A row that the text form cannot hold faithfully is read as unusable, with the reason (`UNUSABLE`), and each step
 skips and counts it: HH dialogues or conversations that differ before their last turn (the answers would carry the
@@ -64,6 +69,7 @@ ROLES = ("system", "user", "assistant")
 ASSISTANT_MARK = "Assistant:"
 UNUSABLE = "unusable"
 """The field of a row the text form cannot hold (its prompt and answers None): why, for the step's skip count."""
+TIE = "the responses are judged equal (a tie)"
 
 
 class Unusable(Exception):
@@ -140,6 +146,26 @@ RANKED_SHAPES = (
 """Shape 6's layouts, one row each; a layout is known by its responses' and judgement's fields."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """Shape 8: a list of answers, each with its rank or score; the best is the chosen answer, the worst the
+    rejected one."""
+    field: str
+    """The list's field."""
+    text: str
+    """Each item's answer."""
+    key: str
+    """Each item's rank or score."""
+    higher_is_better: bool
+
+
+LISTED_SHAPES = (
+    Listed("answers", "answer", "rank", higher_is_better=False),  # Nectar: rank 1 the best
+    Listed("completions", "response", "overall_score", higher_is_better=True),  # UltraFeedback, before binarizing
+)
+"""Shape 8's layouts, one row each; a layout is known by its list's field, where the row has no chosen answer."""
+
+
 def unusable_row(reason: str) -> dict[str, str | None]:
     return {"prompt": None, "chosen": None, "rejected": None, UNUSABLE: reason}
 
@@ -155,7 +181,7 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
 
 
 def _read_pair(value: dict, where: str) -> dict[str, str | None]:
-    value = _instruction_layout(_ranked(value, where), where)
+    value = _instruction_layout(_listed(_ranked(value, where), where), where)
     if "label" in value and "completion" in value and "chosen" not in value:  # KTO's unpaired feedback
         return _labelled(value, where)
     if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
@@ -201,13 +227,39 @@ def _ranked(value: dict, where: str) -> dict:
                             "which would ignore it")
         better = shape.judge(value, where)
         if better is None:
-            raise Unusable("the two responses are judged equal (a tie)")
+            raise Unusable(TIE)
         answers = [_response(value[field], where, field, shape.prompt is None) for field in (shape.first, shape.second)]
         row = {"chosen": answers[better], "rejected": answers[1 - better]}
         if shape.prompt:
             prompt = value[shape.prompt]  # WebGPT's question is a record whose full_text is the question
             row["prompt"] = prompt["full_text"] if isinstance(prompt, dict) and "full_text" in prompt else prompt
         return row
+    return value
+
+
+def _listed(value: dict, where: str) -> dict:
+    """A row of shape 8 as one of shape 3 (its prompt as messages, the best and the worst answer); other rows as they
+    are. All answers ranked alike is a tie (unusable)."""
+    for shape in LISTED_SHAPES:
+        items = value.get(shape.field)
+        if not isinstance(items, list) or "chosen" in value or "rejected" in value:
+            continue
+        ranked = []
+        for index, item in enumerate(items):
+            if not isinstance(item, dict) or not isinstance(item.get(shape.text), str) or shape.key not in item:
+                raise DataError(f"{where}: field '{shape.field}', item {index}: expected {{\"{shape.text}\": a "
+                                f"string, \"{shape.key}\": a number}}")
+            rank = _number(item, shape.key, f"{where}: field '{shape.field}', item {index}")
+            ranked.append((rank if shape.higher_is_better else -rank, item[shape.text]))
+        if len(ranked) < 2:
+            raise Unusable(f"fewer than two answers in '{shape.field}'")
+        ranked.sort(key=lambda pair: pair[0])
+        if ranked[0][0] == ranked[-1][0]:
+            raise Unusable(TIE)
+        row = {key: item for key, item in value.items() if key != shape.field}
+        if isinstance(row.get("prompt"), str):  # Nectar's prompt is in the text form: its turns as messages
+            row["prompt"] = _turn_messages(row["prompt"])
+        return {**row, "chosen": ranked[-1][1], "rejected": ranked[0][1]}
     return value
 
 
@@ -225,8 +277,13 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "model": "assistant", "chatgpt": "assistant", "bard": "assistant", "bing": "assistant",
                   "system": "system"}
 """ShareGPT's speakers (`from`) as roles."""
-INSTRUCTION_PROMPTS = ("question", "input")
-"""Other names of a prompt string, where a row has no `prompt` (nor `instruction`): Orca's, OpenRLHF's default."""
+INSTRUCTION_PROMPTS = ("question", "problem", "query", "input")
+"""Other names of a prompt string, where a row has no `prompt` (nor `instruction`): Orca's and GSM8K's, MATH's,
+MetaMathQA's, OpenRLHF's default."""
+INSTRUCTION_INPUTS = ("input", "context")
+"""The text that follows an `instruction` on the next line: Alpaca's `input`, Dolly's `context`."""
+SYSTEM_FIELDS = ("system", "system_prompt")
+"""A row's system prompt: LLaMA-Factory's and Orca DPO pairs' `system`, OpenOrca's `system_prompt`."""
 INSTRUCTION_ANSWERS = ("output", "response")
 """Other names of an answer string, where a row has no `chosen` (nor `completion`)."""
 
@@ -248,7 +305,7 @@ def _instruction_layout(value: dict, where: str) -> dict:
             value["prompt"] = messages
     if "prompt" not in value and "messages" not in value:  # a user's instruction: one user message
         if "instruction" in value:  # Alpaca: the instruction, then its input on the next line
-            parts = [_text(value, "instruction", where), _text(value, "input", where) if "input" in value else ""]
+            parts = [_text(value, field, where) for field in ("instruction", *INSTRUCTION_INPUTS) if field in value]
             value["prompt"] = [{"role": "user", "content": "\n".join(part for part in parts if part.strip())}]
         else:
             for field in INSTRUCTION_PROMPTS:
@@ -262,11 +319,9 @@ def _instruction_layout(value: dict, where: str) -> dict:
                 break
     if "history" in value and isinstance(value.get("prompt"), list):
         value["prompt"] = _history(value["history"], where) + value["prompt"]
-    system = value.get("system")
-    if system is not None and not isinstance(system, str):
-        raise DataError(f"{where}: field 'system' must be a string, got {type(system).__name__}")
-    if system and system.strip():
-        value = _with_system(value, system)
+    for field in SYSTEM_FIELDS:
+        if value.get(field) is not None and _text(value, field, where).strip():
+            return _with_system(value, value[field])
     return value
 
 
@@ -306,16 +361,20 @@ def _with_system(value: dict, system: str) -> dict:
     key = "prompt" if "prompt" in value else "messages" if "messages" in value else None
     if key is None:
         return value
-    messages = value[key]
-    if isinstance(messages, str):  # a prompt string (text form or plain): its turns as messages
-        messages = []
-        for user, answer in parse_dialogue(value[key]):
-            messages.append({"role": "user", "content": user})
-            if answer is not None:
-                messages.append({"role": "assistant", "content": answer})
+    messages = _turn_messages(value[key]) if isinstance(value[key], str) else value[key]
     if not isinstance(messages, list) or any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
         return value
     return {**value, key: [{"role": "system", "content": system}, *messages]}
+
+
+def _turn_messages(prompt: str) -> list[dict]:
+    """A prompt string (the text form, or plain: one user turn) as its turns' messages."""
+    messages = []
+    for user, answer in parse_dialogue(prompt):
+        messages.append({"role": "user", "content": user})
+        if answer is not None:
+            messages.append({"role": "assistant", "content": answer})
+    return messages
 
 
 def _unpaired(value: dict, where: str) -> dict[str, str | None]:

@@ -474,4 +474,46 @@ def test_sharegpt_and_alpaca_files_feed_step_1_and_ties_are_counted_in_step_2(tm
     pairs, _ = create_prompt_dataset([str(tmp_path / "judged")], "0,1", str(tmp_path / "cache"), 2, 1,
                                      tiny_tokenizer, 64)
     assert len(pairs) == 8
-    assert pairs.counts["train"]["skipped"] == {"the two responses are judged equal (a tie)": 2}
+    assert pairs.counts["train"]["skipped"] == {"the responses are judged equal (a tie)": 2}
+
+
+@pytest.mark.parametrize("row, expected", [
+    # Nectar: a text-form prompt and seven ranked answers, rank 1 the best
+    ({"prompt": "\n\nHuman: What is 2 + 2?\n\nAssistant:", "turns": 1,
+      "answers": [{"answer": "5", "model": "a", "rank": 2.0}, {"answer": "4", "model": "b", "rank": 1.0},
+                  {"answer": "22", "model": "c", "rank": 3.0}]},
+     {"prompt": " Human: What is 2 + 2? Assistant:", "chosen": " 4", "rejected": " 22"}),
+    # UltraFeedback before binarizing: an instruction and scored completions
+    ({"instruction": "What is 2 + 2?", "models": ["a", "b"],
+      "completions": [{"response": "5", "overall_score": 3.5}, {"response": "4", "overall_score": 9}]},
+     {"prompt": " Human: What is 2 + 2? Assistant:", "chosen": " 4", "rejected": " 5"}),
+    # Dolly: the context after the instruction; OpenOrca: a system_prompt; MATH: a problem alone is an RL prompt
+    ({"instruction": "Summarize.", "context": "A long text.", "response": "Short.", "category": "summarization"},
+     {"prompt": " Human: Summarize.\nA long text. Assistant:", "chosen": " Short.", "rejected": None}),
+    ({"id": "1", "system_prompt": "Be kind.", "question": "Hi?", "response": "Hello."},
+     {"prompt": " Human: Be kind.\n\nHi? Assistant:", "chosen": " Hello.", "rejected": None}),
+    ({"problem": "1 + 1?", "solution": "2", "level": "Level 1"},
+     {"prompt": " Human: 1 + 1? Assistant:", "chosen": None, "rejected": None}),
+])
+def test_ranked_lists_and_more_instruction_layouts(row, expected):
+    assert read_pair(row, WHERE) == expected
+
+
+@pytest.mark.parametrize("row, outcome", [
+    ({"instruction": "q", "completions": [{"response": "a", "overall_score": 5}, {"response": "b", "overall_score": 5}]},
+     "unusable: the responses are judged equal (a tie)"),
+    ({"instruction": "q", "completions": [{"response": "a", "overall_score": 5}]},
+     "unusable: fewer than two answers in 'completions'"),
+    ({"instruction": "q", "completions": [{"response": "a", "overall_score": "high"}]},
+     "error: field 'completions', item 0: field 'overall_score' must be a number, got 'high'"),
+    ({"prompt": "q", "answers": [{"text": "a", "rank": 1}]},
+     "error: field 'answers', item 0: expected {\"answer\": a string, \"rank\": a number}"),
+])
+def test_bad_or_tied_ranked_lists(row, outcome):
+    kind, message = outcome.split(": ", 1)
+    if kind == "unusable":
+        assert read_pair(row, WHERE)["unusable"] == message
+        return
+    with pytest.raises(DataError) as err:
+        read_pair(row, WHERE)
+    assert str(err.value) == f"{WHERE}: {message}"
