@@ -256,20 +256,20 @@ def test_data_column_flags_reach_every_stage_that_reads_the_data_and_the_evaluat
     """--prompt-key ... become each stage's --prompt_key ... (which it parses), but not step 2's where it reads the
     sampled pairs, written in the standard columns; train.py reads the data with them before any step runs."""
     monkeypatch.chdir(tmp_path)
-    write_jsonl(tmp_path / "qa.jsonl", ({"query": f" Human: What is {i} + 1? Assistant:", "answer": f" {i + 1}"}
+    write_jsonl(tmp_path / "qa.jsonl", ({"q": f" Human: What is {i} + 1? Assistant:", "answer": f" {i + 1}"}
                                         for i in range(10)))
-    keys = ["--prompt-key", "query", "--completion-key", "answer"]
+    keys = ["--prompt-key", "q", "--completion-key", "answer"]
     stage_commands, evaluation = commands("--algorithm", "grpo", "--reward-fn", "builtin", "--data-path", "qa.jsonl",
                                           *keys)
     assert list(stage_commands) == ["sft", "rl"]  # the answers were found in the renamed column: step 1 runs
     for command in [*stage_commands.values(), evaluation]:
-        assert (flag(command, "--prompt_key"), flag(command, "--completion_key")) == ("query", "answer")
+        assert (flag(command, "--prompt_key"), flag(command, "--completion_key")) == ("q", "answer")
     from training.step1_supervised_finetuning.main import parse_args
     from utils.runtime.args import column_keys
 
-    assert column_keys(parse_args(stage_commands["sft"][2:])) == {"prompt": "query", "completion": "answer"}
+    assert column_keys(parse_args(stage_commands["sft"][2:])) == {"prompt": "q", "completion": "answer"}
     stage_commands, _ = commands("--algorithm", "dpo", "--pair-judge", "builtin", "--data-path", "qa.jsonl", *keys)
-    assert flag(stage_commands["sft"], "--prompt_key") == flag(stage_commands["pairs"], "--prompt_key") == "query"
+    assert flag(stage_commands["sft"], "--prompt_key") == flag(stage_commands["pairs"], "--prompt_key") == "q"
     assert "--prompt_key" not in stage_commands["dpo"] and "--completion_key" not in stage_commands["dpo"]
     with pytest.raises(DataError, match="^--data-path: qa.jsonl: row 0 \\(line 1\\): missing field 'prompt'"):
         commands("--algorithm", "grpo", "--reward-fn", "builtin", "--data-path", "qa.jsonl")  # without the flags

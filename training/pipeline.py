@@ -293,19 +293,36 @@ def has_reference_answers(data_paths, columns=()):
     pairs). DeepSpeed-Chat's hub data sets, whose reading needs the network, and the built-in task have them. A
     path that is neither a known name nor an existing file or folder nor a data set `datasets` loads, or whose
     columns are not there, is refused here, before any step starts."""
-    return data_answers(data_paths, columns)[0]
+    return _some_row(data_paths, columns, lambda raw, row: raw.get_chosen(row) is not None)
 
 
 def has_pairs(data_paths, columns=()):
-    """Whether the data has preference pairs (a chosen and a rejected answer to one prompt), as has_reference_answers
-    reads it."""
-    return data_answers(data_paths, columns)[1]
+    """Whether the data has preference pairs (a chosen and a rejected answer to one prompt), read as
+    has_reference_answers reads it."""
+    return _some_row(data_paths, columns,
+                     lambda raw, row: raw.get_chosen(row) is not None and raw.get_rejected(row) is not None)
+
+
+def _some_row(data_paths, columns, test):
+    """Whether a row of the data's train splits passes `test(raw, row)`; True where the data's reading needs the
+    network (DeepSpeed-Chat's hub names) or is the built-in task."""
+    readable, unread = _read_data(data_paths, columns)
+    if unread:
+        return True
+
+    def passes(raw):
+        try:
+            return any(test(raw, row) for row in raw.get_train_data())
+        except DataError:  # a reasoning-gym spec none of whose tasks has reference answers
+            return False
+
+    return any(passes(raw) for raw in readable)
 
 
 @lru_cache(maxsize=None)
-def data_answers(data_paths, columns=()):
-    """(whether some row has a chosen answer, whether some row has a chosen and a rejected one) of the data's train
-    splits (has_reference_answers); True for the kinds whose reading needs the network or that have both."""
+def _read_data(data_paths, columns=()):
+    """(the raw data sets of `data_paths`, columns renamed by `columns`, read once; whether a path is a kind not
+    read here: DeepSpeed-Chat's hub names, builtin)."""
     from utils.data.data_utils import get_raw_dataset  # loads datasets: --help and flag errors answer first
     from utils.data.raw_datasets import HUB_DATASETS
 
@@ -315,19 +332,9 @@ def data_answers(data_paths, columns=()):
         except DataError as err:
             raise DataError(f"--data-path: {err}") from None
 
-    def answers(raw):
-        try:
-            rows = list(raw.get_train_data())
-            return (any(raw.get_chosen(row) is not None for row in rows),
-                    any(raw.get_chosen(row) is not None and raw.get_rejected(row) is not None for row in rows))
-        except DataError:  # a reasoning-gym spec none of whose tasks has reference answers
-            return False, False
-
     paths = data_paths or ("builtin",)
-    found = [answers(read(path)) for path in paths if path not in HUB_DATASETS and path != "builtin"]
-    if len(found) < len(paths):
-        return True, True
-    return any(chosen for chosen, _ in found), any(paired for _, paired in found)
+    readable = [read(path) for path in paths if path not in HUB_DATASETS and path != "builtin"]
+    return readable, len(readable) < len(paths)
 
 
 def pipeline_flags(args, data_columns=True):
