@@ -379,6 +379,9 @@ def _turn_messages(prompt: str) -> list[dict]:
 
 def _unpaired(value: dict, where: str) -> dict[str, str | None]:
     """A prompt alone, or with one answer: the missing answers None."""
+    if "prompt" not in value and "text" in value:  # TRL's language-modelling form
+        raise DataError(f"{where}: field 'text' holds a whole text, with no prompt and answer to tell apart; give "
+                        "'prompt' and 'completion', or the chat as 'messages' (or name them with --prompt_key ...)")
     if "prompt" not in value:
         raise DataError(f"{where}: missing field 'prompt' (a row needs a prompt, or 'chosen' and 'rejected')")
     if "chosen" not in value:

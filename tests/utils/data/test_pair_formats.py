@@ -448,6 +448,7 @@ def test_instruction_data_and_sharegpt_chats_read_as_user_turns(row, expected):
     ({"instruction": "a", "output": 4}, "field 'output' must be a string, got int"),
     ({"instruction": "a", "output": "b", "history": [["q"]]}, "field 'history' must be a list of [instruction, "),
     ({"question": "q", "chosen": "a", "rejected": "b", "system": 3}, "field 'system' must be a string, got int"),
+    ({"text": "### Human: hi ### Assistant: hello"}, "field 'text' holds a whole text, with no prompt and answer"),
 ])
 def test_bad_instruction_rows_name_the_field(row, message):
     with pytest.raises(DataError) as err:
