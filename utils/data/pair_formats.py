@@ -80,6 +80,7 @@ def _index(field: str, first: object = 0) -> Callable[[dict, str], int | None]:
     """A judge reading `field` as the better response's index: `first` where the first is better."""
     def judge(value: dict, where: str) -> int | None:
         better = value[field]
+        better = int(better) if better in ("0", "1") else better  # a CSV file's
         if isinstance(better, bool) or better not in (0, 1):
             raise DataError(f"{where}: field '{field}' must be 0 or 1, got {better!r}")
         return 0 if better == first else 1
@@ -87,8 +88,14 @@ def _index(field: str, first: object = 0) -> Callable[[dict, str], int | None]:
 
 
 def _number(value: dict, field: str, where: str, meaning: str = "") -> float:
-    """The number in `field` (not a bool, not NaN); a DataError naming the field otherwise."""
+    """The number in `field` (not a bool, not NaN; a CSV file's text of one); a DataError naming the field
+    otherwise."""
     number = value[field]
+    if isinstance(number, str):
+        try:
+            number = float(number)
+        except ValueError:
+            pass
     if isinstance(number, bool) or not isinstance(number, (int, float)) or number != number:
         raise DataError(f"{where}: field '{field}' must be a number{meaning}, got {number!r}")
     return number

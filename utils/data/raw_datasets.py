@@ -26,7 +26,7 @@ Names understood by `get_raw_dataset(name, seed, columns)`:
   memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
 * any existing local path: a directory holding train.json (or .jsonl, .parquet, or a hub snapshot's shards
   data/train-00000-of-00002.parquet ...) and eval.json (or test, validation: EVAL_SPLITS; without one the train
-  split is split 9:1), or a single .json/.jsonl/.parquet file that is split 9:1 into train/eval;
+  split is split 9:1), or a single .json/.jsonl/.parquet/.csv/.tsv file that is split 9:1 into train/eval;
   or a folder `datasets` wrote with save_to_disk (LoadedDataset, read with `datasets.load_from_disk`).
 * any other name `datasets.load_dataset(name)` reads (LoadedDataset): a hub data set by its name, from
   the Hugging Face cache when offline (HF_DATASETS_OFFLINE=1). Its `train` split is the train split,
@@ -56,7 +56,9 @@ naming the data set or file, and where it applies the line, row and field.
 """
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -93,7 +95,7 @@ __all__ = [
     "split_train_eval",
 ]
 
-LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
+LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv")
 BUILTIN_SEED = 1234
 BUILTIN_FILES = ("train.json", "eval.json", "heldout.json", "unsup.txt")
 
@@ -196,6 +198,24 @@ def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
     return [(value, f"row {i}") for i, value in enumerate(table.to_pylist())]
 
 
+def _csv_rows(path: Path) -> list[tuple[Any, str]]:
+    """(row as a dict of strings, where) for each row of a CSV file (.tsv: tab-separated) whose first line names
+    its columns; a row's empty trailing fields are missing columns."""
+    text = read_text(path)
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+    records = []
+    try:
+        for row in reader:
+            if None in row:
+                raise DataError(f"{path}: line {reader.line_num}: more fields than the header line names "
+                                f"({len(reader.fieldnames)})")
+            records.append(({key: value for key, value in row.items() if value is not None},
+                            f"row {len(records)} (line {reader.line_num})"))
+    except csv.Error as err:
+        raise DataError(f"{path}: malformed CSV on line {reader.line_num}: {err}") from None
+    return records
+
+
 def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = None) -> datasets.Dataset:
     """Read and validate one local split file (JSON lines, a JSON array, or Parquet).
 
@@ -208,6 +228,8 @@ def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = N
     path = regular_file(path)
     if path.suffix.lower() == ".parquet":
         records = _parquet_rows(path)
+    elif path.suffix.lower() in (".csv", ".tsv"):
+        records = _csv_rows(path)
     else:
         try:
             records = _json_rows(path)
@@ -578,14 +600,18 @@ def _split_files(directory: Path, split: str) -> list[Path]:
     set's snapshot holds (`<split>-00000-of-00002.parquet` ...), in the folder or its `data/` folder; [] if none."""
     shard = re.compile(rf"{re.escape(split)}(-\d+-of-\d+)?({'|'.join(map(re.escape, LOCAL_SUFFIXES))})",
                        re.IGNORECASE)
-    for folder in (directory, directory / "data"):
-        found = sorted(p for p in folder.glob("*") if shard.fullmatch(p.name) and p.is_file()) if folder.is_dir() else []
+    for folder in (path for path in (directory, directory / "data") if path.is_dir()):
+        found = sorted(p for p in folder.iterdir() if shard.fullmatch(p.name) and p.is_file())
         whole = [p for p in found if p.stem.lower() == split.lower()]
         if len(whole) > 1:
             raise DataError(f"{folder}: both {whole[0].name} and {whole[1].name} exist; keep one")
         if found:
             return whole or found
     return []
+
+
+def _no_split_file(directory: Path, split: str) -> str:
+    return f"{directory}: no {split}.json (nor {', '.join(LOCAL_SUFFIXES[1:])}) in it or its data/ folder"
 
 
 def _data_files(directory: Path) -> list[str]:
@@ -646,15 +672,13 @@ class LocalJsonFile(ShapedRows, RawDataset):
             train_files = _split_files(self.path, names["train"])
             if not train_files:
                 present = _data_files(self.path)
-                raise DataError(f"{self.path}: no {names['train']}.json (nor .jsonl, .parquet) in it or its data/ "
-                                f"folder; " + (f"it has {', '.join(present[:6])}: choose the splits as "
-                                               f"'{self.name}?train=NAME&eval=NAME'" if present else
-                                               "a data folder needs train.json and eval.json"))
+                raise DataError(f"{_no_split_file(self.path, names['train'])}; " + (
+                    f"it has {', '.join(present[:6])}: choose the splits as '{self.name}?train=NAME&eval=NAME'"
+                    if present else "a data folder needs train.json and eval.json"))
             eval_names = [names["eval"]] if "eval" in names else list(EVAL_SPLITS)
             eval_files = next((found for found in map(lambda n: _split_files(self.path, n), eval_names) if found), [])
             if "eval" in names and not eval_files:
-                raise DataError(f"{self.path}: no {names['eval']}.json (nor .jsonl, .parquet) in it or its data/ "
-                                "folder (chosen by ?eval=)")
+                raise DataError(f"{_no_split_file(self.path, names['eval'])} (chosen by ?eval=)")
             self.train_file, self.eval_file = train_files[0], (eval_files[0] if eval_files else None)
             self._train = _read_files(train_files, columns)
             if eval_files:
@@ -669,7 +693,7 @@ class LocalJsonFile(ShapedRows, RawDataset):
                                   "choose splits of a folder or a loaded data set")
             if self.path.suffix.lower() not in LOCAL_SUFFIXES:
                 raise DataError(f"{self.path}: unsupported file type '{self.path.suffix}'; "
-                                f"expected a .json, .jsonl or .parquet file, or a directory with train.json and "
+                                f"expected a {', '.join(LOCAL_SUFFIXES)} file, or a directory with train.json and "
                                 f"eval.json")
             self.train_file, self.eval_file = self.path, None
             rows = read_local_split(self.path, columns)

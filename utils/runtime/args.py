@@ -111,7 +111,7 @@ def column_keys(args):
 def add_data_path_arg(group, nargs="*", help=None):
     group.add_argument("--data_path", nargs=nargs, default=["builtin"],
                        help=help or "Data sets: DeepSpeed-Chat registry names (e.g. Dahoas/rm-static), local/jsonfile, "
-                                    "a local folder or .json/.jsonl/.parquet file, a save_to_disk folder, any hub "
+                                    "a local folder or .json/.jsonl/.parquet/.csv file, a save_to_disk folder, any hub "
                                     "data set datasets.load_dataset reads (offline: from the Hugging Face cache), "
                                     "'builtin' (the built-in task, offline), or reasoning-gym tasks, "
                                     "'reasoning_gym:<task>[?key=value&...][,<task>...]' (the gym extra).")

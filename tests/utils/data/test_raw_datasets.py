@@ -281,7 +281,7 @@ def test_a_folder_without_an_eval_file_takes_test_or_splits_its_train_file(tmp_p
 
 def test_a_folder_without_a_train_file_names_its_files_and_the_choice(tmp_path):
     write_jsonl(tmp_path / "train_prefs.jsonl", local_rows(2))
-    with pytest.raises(DataError, match=r"no train.json \(nor .jsonl, .parquet\) in it or its data/ folder; it has "
+    with pytest.raises(DataError, match=r"no train.json \(nor .jsonl, .parquet, .csv, .tsv\) in it or its data/ folder; it has "
                                         r"train_prefs.jsonl: choose the splits as '.*\?train=NAME&eval=NAME'"):
         rd.LocalJsonFile(tmp_path)
     empty = tmp_path / "empty"
@@ -371,9 +371,9 @@ def test_single_file_needs_two_rows_and_known_suffix(tmp_path):
     f = write_jsonl(tmp_path / "one.jsonl", local_rows(1))
     with pytest.raises(DataError, match=r"one\.jsonl: has 1 usable row"):
         rd.LocalJsonFile(f)
-    g = tmp_path / "data.csv"
+    g = tmp_path / "data.xml"
     g.write_text("prompt,chosen,rejected\n")
-    with pytest.raises(DataError, match=r"data\.csv: unsupported file type '\.csv'"):
+    with pytest.raises(DataError, match=r"data\.xml: unsupported file type '\.xml'"):
         get_raw_dataset(str(g), seed=0)
 
 
@@ -461,3 +461,19 @@ def test_builtin_with_real_task(tmp_path, monkeypatch):
     assert ds.get_prompt(s).startswith(" Human: ") and ds.get_prompt(s).endswith(" Assistant:")
     assert ds.get_chosen(s).startswith(" ")
     assert len(ds.get_eval_data()) > 0 and ds.heldout_path.is_file() and ds.unsup_path.is_file()
+
+
+def test_csv_and_tsv_files_read_their_header_columns(tmp_path):
+    """A spreadsheet's export: the text form in columns, or two responses and the better one's index as text."""
+    rows = '" Human: 1, 2 or 3? Assistant:"," 2"," 3"\n" Human: a ""quote""? Assistant:"," yes"," no"\n'
+    (tmp_path / "pairs.csv").write_text("prompt,chosen,rejected\n" + rows * 5)
+    raw = rd.LocalJsonFile(tmp_path / "pairs.csv")
+    rows = raw.get_train_data().to_list() + raw.get_eval_data().to_list()
+    assert {(r["prompt"], r["chosen"], r["rejected"]) for r in rows} == {
+        (" Human: 1, 2 or 3? Assistant:", " 2", " 3"), (' Human: a "quote"? Assistant:', " yes", " no")}
+    (tmp_path / "pku.tsv").write_text("prompt\tresponse_0\tresponse_1\tbetter_response_id\n" + "q\tbad\tgood\t1\n" * 4)
+    rows = rd.read_local_split(tmp_path / "pku.tsv").to_list()
+    assert rows[0] == {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}
+    (tmp_path / "ragged.csv").write_text("prompt,chosen,rejected\na,b,c,d\n")
+    with pytest.raises(DataError, match=r"ragged.csv: line 2: more fields than the header line names \(3\)"):
+        rd.read_local_split(tmp_path / "ragged.csv")
