@@ -35,7 +35,8 @@ A folder or loaded data set whose splits have other names chooses them in its na
 `HuggingFaceH4/ultrafeedback_binarized?train=train_prefs&eval=test_prefs`.
 
 Local file format: JSON lines (one object per line; blank lines ignored), one JSON array
-of objects, or a Parquet file (as hub data sets store theirs), each row (as each row of a
+of objects, a Parquet file (as hub data sets store theirs), or a CSV (.tsv: tab-separated) file whose first line
+names its columns, each row (as each row of a
 LoadedDataset) in one of the shapes utils/data/pair_formats.py reads, its columns first renamed
 by the --<field>_key flags (`columns`: {field: column}): DeepSpeed-Chat's string fields `prompt`, `chosen` and
 `rejected` (other fields are ignored), HH-RLHF's whole dialogues in `chosen` and `rejected`,
@@ -217,7 +218,7 @@ def _csv_rows(path: Path) -> list[tuple[Any, str]]:
 
 
 def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = None) -> datasets.Dataset:
-    """Read and validate one local split file (JSON lines, a JSON array, or Parquet).
+    """Read and validate one local split file (JSON lines, a JSON array, Parquet, or CSV / TSV with a header line).
 
     Each record must be an object holding a preference pair in one of the shapes of
     utils.data.pair_formats (text form, whole dialogues, or lists of messages), its columns first renamed by
