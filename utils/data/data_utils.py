@@ -71,7 +71,7 @@ def get_raw_dataset(name: str, seed: int, columns: dict | None = None) -> RawDat
         return LocalJsonFile(name, seed=seed, columns=columns, splits=splits)
     unknown = (f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) and no such local "
                "path exists")
-    if not HUB_NAME.fullmatch(name) or name.lower().endswith(LOCAL_SUFFIXES):
+    if not HUB_NAME.fullmatch(name) or name.lower().removesuffix(".gz").endswith(LOCAL_SUFFIXES):
         raise DataError(unknown)
     try:
         loaded = load_hub(name)

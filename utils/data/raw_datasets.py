@@ -26,7 +26,8 @@ Names understood by `get_raw_dataset(name, seed, columns)`:
   memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
 * any existing local path: a directory holding train.json (or .jsonl, .parquet, or a hub snapshot's shards
   data/train-00000-of-00002.parquet ...) and eval.json (or test, validation: EVAL_SPLITS; without one the train
-  split is split 9:1), or a single .json/.jsonl/.parquet/.csv/.tsv file that is split 9:1 into train/eval;
+  split is split 9:1), or a single .json/.jsonl/.parquet/.csv/.tsv file that is split 9:1 into train/eval (a
+  text file's name may end in .gz: HH-RLHF's train.jsonl.gz);
   or a folder `datasets` wrote with save_to_disk (LoadedDataset, read with `datasets.load_from_disk`).
 * any other name `datasets.load_dataset(name)` reads (LoadedDataset): a hub data set by its name, from
   the Hugging Face cache when offline (HF_DATASETS_OFFLINE=1). Its `train` split is the train split,
@@ -73,7 +74,8 @@ import numpy as np
 from utils.data import builtin_task as task
 from utils.data.pair_formats import UNUSABLE, read_pair
 from utils.data.prompting import text_prompt
-from utils.data.text_files import check_text, read_lines, read_text, regular_file
+from utils.data.text_files import (GZIP_SUFFIX, UNREADABLE, check_text, data_suffix, open_bytes, read_lines, read_text,
+                                   regular_file)
 from utils.runtime.args import column_flag
 from utils.runtime.paths import cache_dir
 
@@ -129,8 +131,11 @@ def _json_rows(path: Path) -> list[tuple[Any, str]]:
     """(value, where) for each record of a JSON array or JSON-lines file (utils.data.text_files reads it: UTF-8
     only, a JSON-lines file a line at a time, each line at most MAX_LINE_BYTES)."""
     regular_file(path)
-    with open(path, "rb") as f:
-        start = f.read(4096)
+    try:
+        with open_bytes(path) as f:
+            start = f.read(4096)
+    except UNREADABLE as err:
+        raise DataError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
     start = start.lstrip(b"\xef\xbb\xbf \t\r\n")  # after a byte-order mark and white space
     if start.startswith(b"["):  # a JSON array, which may be one long line
         return _parse_json_array(path, read_text(path))
@@ -203,7 +208,7 @@ def _csv_rows(path: Path) -> list[tuple[Any, str]]:
     """(row as a dict of strings, where) for each row of a CSV file (.tsv: tab-separated) whose first line names
     its columns; a row's empty trailing fields are missing columns."""
     text = read_text(path)
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if data_suffix(path) == ".tsv" else ",")
     records = []
     try:
         for row in reader:
@@ -229,7 +234,7 @@ def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = N
     path = regular_file(path)
     if path.suffix.lower() == ".parquet":
         records = _parquet_rows(path)
-    elif path.suffix.lower() in (".csv", ".tsv"):
+    elif data_suffix(path) in (".csv", ".tsv"):
         records = _csv_rows(path)
     else:
         try:
@@ -599,11 +604,11 @@ def split_choice(name: str) -> tuple[str, dict[str, str]]:
 def _split_files(directory: Path, split: str) -> list[Path]:
     """A local folder's files of split `split`: `<split>.json` (or .jsonl, .parquet), or the shards a hub data
     set's snapshot holds (`<split>-00000-of-00002.parquet` ...), in the folder or its `data/` folder; [] if none."""
-    shard = re.compile(rf"{re.escape(split)}(-\d+-of-\d+)?({'|'.join(map(re.escape, LOCAL_SUFFIXES))})",
-                       re.IGNORECASE)
+    shard = re.compile(rf"{re.escape(split)}(-\d+-of-\d+)?({'|'.join(map(re.escape, LOCAL_SUFFIXES))})"
+                       rf"({re.escape(GZIP_SUFFIX)})?", re.IGNORECASE)
     for folder in (path for path in (directory, directory / "data") if path.is_dir()):
         found = sorted(p for p in folder.iterdir() if shard.fullmatch(p.name) and p.is_file())
-        whole = [p for p in found if p.stem.lower() == split.lower()]
+        whole = [p for p in found if not shard.fullmatch(p.name).group(1)]
         if len(whole) > 1:
             raise DataError(f"{folder}: both {whole[0].name} and {whole[1].name} exist; keep one")
         if found:
@@ -618,7 +623,7 @@ def _no_split_file(directory: Path, split: str) -> str:
 def _data_files(directory: Path) -> list[str]:
     """The names of the data files in a folder and its `data/` folder, for a message."""
     return sorted(str(p.relative_to(directory)) for folder in (directory, directory / "data") if folder.is_dir()
-                  for p in folder.iterdir() if p.suffix.lower() in LOCAL_SUFFIXES)
+                  for p in folder.iterdir() if data_suffix(p) in LOCAL_SUFFIXES)
 
 
 def _read_files(paths: list[Path], columns: dict[str, str] | None) -> datasets.Dataset:
@@ -692,7 +697,7 @@ class LocalJsonFile(ShapedRows, RawDataset):
             if splits:
                 raise ConfigError(f"{self.name}?...: a single file has no splits to choose (it is split 9:1); "
                                   "choose splits of a folder or a loaded data set")
-            if self.path.suffix.lower() not in LOCAL_SUFFIXES:
+            if data_suffix(self.path) not in LOCAL_SUFFIXES or self.path.name.lower().endswith(".parquet.gz"):
                 raise DataError(f"{self.path}: unsupported file type '{self.path.suffix}'; "
                                 f"expected a {', '.join(LOCAL_SUFFIXES)} file, or a directory with train.json and "
                                 f"eval.json")

@@ -6,8 +6,11 @@ ends in one `DataError` naming the file and line, before anything tokenizes it:
 - a line longer than MAX_LINE_BYTES (a file that is not line-based text, a 1 GB line) is refused as soon as that
   much has been read, never read whole;
 - a named pipe or device is refused before it is opened (reading one could wait or never end);
-- a lone surrogate (a JSON `\\ud800` escape of half a UTF-16 pair) is no text any tokenizer takes: `check_text`.
+- a lone surrogate (a JSON `\\ud800` escape of half a UTF-16 pair) is no text any tokenizer takes: `check_text`;
+- a file whose name ends in `.gz` (HH-RLHF's `train.jsonl.gz`) is read through gzip (`open_bytes`).
 """
+import gzip
+import zlib
 from pathlib import Path
 
 from utils.runtime.errors import DataError
@@ -40,6 +43,25 @@ def regular_file(path, what=None):
     return path
 
 
+GZIP_SUFFIX = ".gz"
+
+
+def open_bytes(path):
+    """The bytes of the file `path` as a binary stream: decompressed where its name ends in GZIP_SUFFIX."""
+    path = Path(path)
+    return gzip.open(path, "rb") if path.suffix.lower() == GZIP_SUFFIX else open(path, "rb")
+
+
+def data_suffix(path):
+    """A data file's format suffix, lower case: `.jsonl` for train.jsonl and train.jsonl.gz."""
+    path = Path(path)
+    return Path(path.stem).suffix.lower() if path.suffix.lower() == GZIP_SUFFIX else path.suffix.lower()
+
+
+UNREADABLE = (OSError, EOFError, zlib.error)
+"""What reading a damaged or truncated file raises (gzip's BadGzipFile is an OSError)."""
+
+
 def read_lines(path, what=None):
     """(line number from 1, line without its end) for each line of the UTF-8 text file `path` (lines end at
     "\\n", a "\\r" before it dropped), read a line at a time; DataError naming `what` (default the path) and the
@@ -47,10 +69,10 @@ def read_lines(path, what=None):
     path = regular_file(path, what)
     what = what or str(path)
     try:
-        with open(path, "rb") as f:
+        with open_bytes(path) as f:
             yield from decoded_lines(f, what)
-    except OSError as err:
-        raise DataError(f"{what}: cannot be read ({err.strerror or err})") from None
+    except UNREADABLE as err:
+        raise DataError(f"{what}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
 
 
 def decoded_lines(stream, what, where="line"):
@@ -83,9 +105,10 @@ def read_text(path, what=None):
     path = regular_file(path, what)
     what = what or str(path)
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise DataError(f"{what}: cannot be read ({err.strerror or err})") from None
+        with open_bytes(path) as f:
+            data = f.read()
+    except UNREADABLE as err:
+        raise DataError(f"{what}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
     problem = encoding_problem(data[:4], what)
     if problem:
         raise problem

@@ -477,3 +477,26 @@ def test_csv_and_tsv_files_read_their_header_columns(tmp_path):
     (tmp_path / "ragged.csv").write_text("prompt,chosen,rejected\na,b,c,d\n")
     with pytest.raises(DataError, match=r"ragged.csv: line 2: more fields than the header line names \(3\)"):
         rd.read_local_split(tmp_path / "ragged.csv")
+
+
+def test_gzipped_json_lines_read_as_hh_rlhf_ships_them(tmp_path):
+    """Anthropic/hh-rlhf's files: harmless-base/train.jsonl.gz and test.jsonl.gz, whole dialogues."""
+    import gzip
+
+    rows = [{"chosen": f"\n\nHuman: What is {i} + 1?\n\nAssistant: {i + 1}",
+             "rejected": f"\n\nHuman: What is {i} + 1?\n\nAssistant: no"} for i in range(12)]
+    folder = tmp_path / "harmless-base"
+    folder.mkdir()
+    for split, part in (("train", rows[:10]), ("test", rows[10:])):
+        with gzip.open(folder / f"{split}.jsonl.gz", "wt") as f:
+            f.write("".join(json.dumps(row) + "\n" for row in part))
+    raw = get_raw_dataset(str(folder), seed=0)
+    assert (len(raw.get_train_data()), len(raw.get_eval_data())) == (10, 2)
+    assert raw.get_eval_data()[0] == {"prompt": "\n\nHuman: What is 10 + 1?\n\nAssistant:", "chosen": " 11",
+                                      "rejected": " no"}
+    single = get_raw_dataset(str(folder / "train.jsonl.gz"), seed=0)  # one file: split 9:1
+    assert (len(single.get_train_data()), len(single.get_eval_data())) == (9, 1)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes((folder / "train.jsonl.gz").read_bytes()[:30])
+    with pytest.raises(DataError, match=r"cut\.jsonl\.gz: cannot be read \(Compressed file ended"):
+        get_raw_dataset(str(cut), seed=0)
