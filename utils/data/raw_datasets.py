@@ -678,9 +678,11 @@ class LocalJsonFile(ShapedRows, RawDataset):
             train_files = _split_files(self.path, names["train"])
             if not train_files:
                 present = _data_files(self.path)
+                inner = sorted(sub.name for sub in self.path.iterdir() if sub.is_dir() and _split_files(sub, "train"))
                 raise DataError(f"{_no_split_file(self.path, names['train'])}; " + (
                     f"it has {', '.join(present[:6])}: choose the splits as '{self.name}?train=NAME&eval=NAME'"
-                    if present else "a data folder needs train.json and eval.json"))
+                    if present else f"its folders {', '.join(inner[:6])} have one: give them as --data_path (one or "
+                    "more)" if inner else "a data folder needs train.json and eval.json"))
             eval_names = [names["eval"]] if "eval" in names else list(EVAL_SPLITS)
             eval_files = next((found for found in map(lambda n: _split_files(self.path, n), eval_names) if found), [])
             if "eval" in names and not eval_files:

@@ -496,6 +496,8 @@ def test_gzipped_json_lines_read_as_hh_rlhf_ships_them(tmp_path):
                                       "rejected": " no"}
     single = get_raw_dataset(str(folder / "train.jsonl.gz"), seed=0)  # one file: split 9:1
     assert (len(single.get_train_data()), len(single.get_eval_data())) == (9, 1)
+    with pytest.raises(DataError, match=r"its folders harmless-base have one: give them as --data_path"):
+        get_raw_dataset(str(tmp_path), seed=0)  # the repository's root, whose folders hold the data
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes((folder / "train.jsonl.gz").read_bytes()[:30])
     with pytest.raises(DataError, match=r"cut\.jsonl\.gz: cannot be read \(Compressed file ended"):
