@@ -227,7 +227,7 @@ def parse_args(argv=None):
         for flag, spec in (("--reward-fn", args.reward_fn), ("--pair-judge", args.pair_judge),
                            ("--answer-filter", args.answer_filter)):
             if spec:
-                check_reward_fn(spec, args.data_path, flag)
+                check_reward_fn(spec, args.data_path, flag, column_keys(args))
     return args
 
 

@@ -59,6 +59,10 @@ def not_finite(prompts, answers):
 
 def constant(prompts, answers):
     return [1.0] * len(answers)
+
+
+def wants(completions, ground_truth, **kwargs):
+    return [0.0] * len(completions)
 """
 SAMPLE_PAIRS = ["--model_name_or_path", "{actor}", "--output_dir", "{out}", "--data_path", "{tmp}/good", "--data_split",
                 "0,1", "--data_output_path", "{tmp}/cache", "--max_new_tokens", "4", "--dtype", "fp32"]
@@ -167,6 +171,11 @@ CASES = [
     Case("train.py --prompt-key naming no column, before step 1 runs", "train.py",
          ["--data-path", "{tmp}/good", "--prompt-key", "question", "--output-dir", "{out}"],
          ("--data-path: {tmp}/good/train.json: no column 'question' (named by --prompt_key)",)),
+    Case("train.py --reward-fn taking a column the data lacks, before step 1 runs", "train.py",
+         ["--algorithm", "grpo", "--data-path", "{tmp}/good", "--reward-fn", "{tmp}/rewards.py:wants",
+          "--output-dir", "{out}"],
+         ("--reward-fn {tmp}/rewards.py:wants takes the column ground_truth, which --data_path {tmp}/good does not "
+          "have (its columns: prompt, chosen, rejected)",)),
     # step 1: reasoning-gym data
     Case("step1 unknown reasoning-gym task", "step1", [*STEP1, "--data_path", "reasoning_gym:chain_summ"],
          ("reasoning_gym:chain_summ: unknown reasoning-gym task (did you mean chain_sum",)),
@@ -397,6 +406,10 @@ CASES = [
          ("the reward function --reward_fn {tmp}/rewards.py:short returned 7 values for 8 answers",)),
     Case("step3 --reward_fn not finite", "step3", [*STEP3, *GRPO, "--reward_fn", "{tmp}/rewards.py:not_finite"],
          ("the reward function --reward_fn {tmp}/rewards.py:not_finite returned nan for answer 0",)),
+    Case("step3 --reward_fn taking a column the data lacks", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "{tmp}/rewards.py:wants", "--data_path", "{tmp}/good"],
+         ("--reward_fn {tmp}/rewards.py:wants takes the column ground_truth, which --data_path {tmp}/good does not "
+          "have",)),
     Case("step3 --reward_fn builtin on another task's prompts", "step3",
          [*STEP3, *GRPO, "--reward_fn", "builtin", "--data_path", "{tmp}/good_other"],
          ("the reward function --reward_fn builtin raised ValueError",)),

@@ -261,14 +261,15 @@ def feedback_samples(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
 
 
 def prompt_sample(tokenizer, prompt, max_prompt_len, counter):
-    """Prompt token ids for PPO rollouts, and the prompt's text (for reward functions and evaluation); a prompt
-    longer than max_prompt_len (None: no bound) loses its earlier turns (fit_prompt), else is skipped, not cut."""
+    """Prompt token ids for PPO rollouts, and the prompt's text as the data set writes it (for reward functions,
+    which may look its row up); a prompt longer than max_prompt_len (None: no bound) loses its earlier turns
+    (fit_prompt), else is skipped, not cut."""
     fitted = fit_prompt(tokenizer, prompt, 0, "--max_prompt_seq_len", max_prompt_len, counter)
     if fitted is None:
         counter.skip_too_long("longer than --max_prompt_seq_len")
         return None
     counter.kept += 1
-    return {"prompt_ids": fitted[1], "prompt": fitted[0]}
+    return {"prompt_ids": fitted[1], "prompt": prompt}
 
 
 FULL_MARKS = 1.0

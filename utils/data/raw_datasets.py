@@ -227,9 +227,9 @@ def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = N
 
     Each record must be an object holding a preference pair in one of the shapes of
     utils.data.pair_formats (text form, whole dialogues, or lists of messages), its columns first renamed by
-    `columns` ({field: the file's column}, from the --<field>_key flags); other fields
-    are dropped. Rows are numbered from 0 in the messages, lines from 1. Returns a
-    `datasets.Dataset` with exactly the columns prompt, chosen and rejected, in the text form.
+    `columns` ({field: the file's column}, from the --<field>_key flags). Rows are numbered from 0 in the
+    messages, lines from 1. Returns a `datasets.Dataset` with the columns prompt, chosen and rejected, in the text
+    form, and ROW_COLUMNS where a row has other columns (read_rows).
     """
     path = regular_file(path)
     if path.suffix.lower() == ".parquet":
@@ -248,6 +248,10 @@ def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = N
     return read_rows(records, str(path), present, columns)
 
 
+ROW_COLUMNS = "row_columns"
+"""The column in which read_rows keeps, as JSON, a row's columns other than its text-form fields."""
+
+
 def read_rows(records: list[tuple[dict, str]], what: str, present: set[str],
               columns: dict[str, str] | None = None) -> datasets.Dataset:
     """The rows (value, where) of a file or data set `what` whose columns are `present`, in the text form
@@ -260,13 +264,32 @@ def read_rows(records: list[tuple[dict, str]], what: str, present: set[str],
         if column not in present:
             raise DataError(f"{what}: no column '{column}' (named by {column_flag(field)}); its columns: "
                             f"{', '.join(sorted(present))}")
-    rows = []
+    rows, fields = [], {"prompt", "chosen", "rejected", UNUSABLE, ROW_COLUMNS, *columns.values()}
     for value, where in records:
         _check_strings(value, f"{what}: {where}")
-        rows.append(_read_renamed(value, f"{what}: {where}", columns))
-    if any(UNUSABLE in row for row in rows):  # the reason's column in every row (from_list takes the first's keys)
-        rows = [{**row, UNUSABLE: row.get(UNUSABLE)} for row in rows]
+        row = _read_renamed(value, f"{what}: {where}", columns)
+        other = {key: item for key, item in value.items() if key not in fields}
+        if other:
+            row[ROW_COLUMNS] = json.dumps(other, default=str)
+        rows.append(row)
+    return _dataset(rows)
+
+
+def _dataset(rows: list[dict]) -> datasets.Dataset:
+    """The rows as a data set, the optional columns (UNUSABLE, ROW_COLUMNS) in every row if in one: from_list takes
+    the first row's keys."""
+    for column in (UNUSABLE, ROW_COLUMNS):
+        if any(column in row for row in rows):
+            rows = [{**row, column: row.get(column)} for row in rows]
     return datasets.Dataset.from_list(rows)
+
+
+def row_columns(row: dict) -> dict:
+    """A row's columns as its file or data set wrote them: its text-form fields and the other columns read_rows
+    kept (a reference answer beside a question, for reward functions that read it)."""
+    kept = row.get(ROW_COLUMNS)
+    return {**{key: item for key, item in row.items() if key not in (ROW_COLUMNS, UNUSABLE)},
+            **(json.loads(kept) if kept else {})}
 
 
 def _read_renamed(value: dict, where: str, columns: dict[str, str]) -> dict:
@@ -630,10 +653,7 @@ def _read_files(paths: list[Path], columns: dict[str, str] | None) -> datasets.D
     """A split of one file or several shards, read as read_local_split reads one."""
     if len(paths) == 1:
         return read_local_split(paths[0], columns)
-    rows = [row for path in paths for row in read_local_split(path, columns).to_list()]
-    if any(row.get(UNUSABLE) for row in rows):
-        rows = [{**row, UNUSABLE: row.get(UNUSABLE)} for row in rows]
-    return datasets.Dataset.from_list(rows)
+    return _dataset([row for path in paths for row in read_local_split(path, columns).to_list()])
 
 
 class ShapedRows(FieldsAsWritten):

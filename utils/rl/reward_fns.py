@@ -6,7 +6,9 @@ A reward function is called on two lists of the same length and returns one fini
     reward_fn(prompts: list[str], answers: list[str]) -> list[float]
 
 prompts are the data set's prompts as written there (DeepSpeed-Chat's `" Human: ... Assistant:"`, not the
-model's chat template), answers the generated text up to the first EOS, decoded without special tokens.
+model's chat template), answers the generated text up to the first EOS, decoded without special tokens. A user's
+function may also take the data's columns (a reference answer), in our form or TRL's
+`fn(completions, solution, **kwargs)`: utils/rl/reward_columns.py.
 
 `--reward_fn SPEC` names one:
     builtin                     the built-in task's checker `utils.data.builtin_task.score_answer` (1 exact, 0.5 near
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import math
 import os
 import sys
@@ -45,6 +46,8 @@ import torch
 
 from utils.data.builtin_task import score_answer
 from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
+from utils.rl.reward_columns import ColumnCall, DataRows, check_columns, with_columns
+from utils.runtime.args import column_keys
 from utils.runtime.errors import ChatRLHFError, ConfigError
 
 REWARD_FN_TIMEOUT = 600.0
@@ -128,34 +131,42 @@ def _import_function(spec, flag="--reward_fn"):
     function = getattr(module, attribute, None)
     if not callable(function):
         raise ConfigError(f"{flag} {spec}: {location} has no function {attribute!r}")
-    try:
-        inspect.signature(function).bind(["prompt"], ["answer"])
-    except TypeError as err:
-        raise ConfigError(f"{flag} {spec}: {attribute} must take (prompts, answers), two lists of strings ({err})"
-                          ) from None
-    except ValueError:  # a builtin or C function without a signature: its first call says
-        pass
-    return function
+    return function, ColumnCall(function, f"{flag} {spec}: {attribute}")
 
 
 def load_reward_fn(spec, args=None, flag="--reward_fn"):
     """The reward function `spec` names (see the module's docstring); ConfigError naming it and `flag`, the flag
-    that gave it, if there is none."""
+    that gave it, if there is none. A user's function that takes data-set columns reads them from the rows of
+    `args.data_path` (utils/rl/reward_columns.py)."""
     if spec in GYM_REWARD_FNS:
         _one_gym_spec(getattr(args, "data_path", None), flag, spec)
     if spec in REWARD_FNS:
         return REWARD_FNS[spec](args)
-    return _import_function(spec, flag)
+    function, call = _import_function(spec, flag)
+    if call.plain:
+        return function
+    rows = _data_rows(args)
+    check_columns(call, rows, f"{flag} {spec}")
+    return with_columns(function, call, rows, f"{flag} {spec}")
 
 
-def check_reward_fn(spec, data_paths, flag):
-    """Refuse (ConfigError naming `flag`) a spec that names no reward function, before anything runs: train.py
-    checks its --reward-fn and --pair-judge so that a typo does not surface only after step 1 has trained. A
-    user's module is imported to find the function."""
+def check_reward_fn(spec, data_paths, flag, columns=None):
+    """Refuse (ConfigError naming `flag`) a spec that names no reward function, or a function that takes a column
+    the data (`data_paths`, columns renamed by `columns`) does not have, before anything runs: train.py checks its
+    --reward-fn and --pair-judge so that a typo does not surface only after step 1 has trained. A user's module is
+    imported to find the function."""
     if spec in GYM_REWARD_FNS:
         _one_gym_spec(data_paths, flag, spec)
     elif spec not in REWARD_FNS:
-        _import_function(spec, flag)
+        _, call = _import_function(spec, flag)
+        if not call.plain:
+            check_columns(call, DataRows(data_paths or ["builtin"], columns=columns), f"{flag} {spec}")
+
+
+def _data_rows(args):
+    """The rows a column-reading reward function looks its prompts up in: those of the run's --data_path."""
+    return DataRows(getattr(args, "data_path", None) or ["builtin"], getattr(args, "seed", 1234),
+                    column_keys(args) if args is not None else None)
 
 
 def reward_fn_timeout():

@@ -3,9 +3,11 @@ experience on answers scored by the built-in task's checker (made-up answers, so
 known), no critic and no reward model created when none is asked for, groups of equal scores dropped before
 the forward passes and a round refilled from more prompt batches (dynamic sampling), the KL and the NLL of well-scored answers as loss terms, the reward model and a
 reward function combined by weight, and the held-out evaluation."""
+import argparse
 import copy
 import dataclasses
 import gc
+import json
 import random
 
 import pytest
@@ -17,7 +19,7 @@ from utils.data.data_utils import DataCollatorRLHF, SampleCounter, prompt_sample
 from utils.rl.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
 from utils.rl.base_rate import AnswerBaseRate
 from utils.rl.kl import FixedKLController
-from utils.rl.reward_fns import builtin_reward_fn
+from utils.rl.reward_fns import builtin_reward_fn, load_reward_fn
 from utils.rl.rewards import compute_rewards
 from utils.runtime.ds_utils import resolve_dtype
 from utils.runtime.errors import ChatRLHFError
@@ -309,6 +311,26 @@ def test_a_failing_reward_function_stops_with_its_name(engine, tiny_tokenizer):
     fake_answers(trainer, tiny_tokenizer)
     with pytest.raises(ChatRLHFError, match=r"--reward_fn mine.py:short returned 7 values for 8 answers"):
         trainer.generate_experience(prompts, prompt_mask, texts)
+
+
+def test_a_reward_function_in_trls_form_scores_by_the_data_sets_reference_column(engine, tiny_tokenizer, tmp_path):
+    """A user's `fn(completions, solution, **kwargs)` gets each rollout's `solution` from its prompt's row."""
+    rows = [{"prompt": prompt, "solution": solution} for prompt, solution in zip(PROMPTS, ["19", "CAT"])]
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows * 10))
+    (tmp_path / "mine.py").write_text("def exact(completions, solution, **kwargs):\n"
+                                      "    return [float(c.strip() == s) for c, s in zip(completions, solution)]\n")
+    spec = f"{tmp_path}/mine.py:exact"
+    function = load_reward_fn(spec, argparse.Namespace(data_path=[str(data)], seed=1234))
+    trainer = make_trainer(engine, function, reward_fn=spec, use_kl_loss=True)
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    fake_answers(trainer, tiny_tokenizer)
+    exp = trainer.generate_experience(prompts, prompt_mask, texts)
+    exact = [float(answer.strip() == ("19", "CAT")[i // GROUP]) for i, answer in enumerate(ANSWERS)]
+    assert exact == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert exp.stats["score"] == pytest.approx(sum(exact) / len(exact))
+    expected = grpo_advantages(torch.tensor(exact).view(-1, GROUP)).reshape(-1)
+    torch.testing.assert_close(exp.advantages, expected.unsqueeze(1) * exp.action_mask, atol=1e-6, rtol=0)
 
 
 def test_kl_loss_term_is_added_to_the_actor_loss(engine, tiny_tokenizer):

@@ -223,7 +223,11 @@ def test_local_directory_json_verbatim(tmp_path):
     ds = get_raw_dataset(str(tmp_path), seed=1)
     assert isinstance(ds, rd.LocalJsonFile) and ds.name == str(tmp_path)
     assert triples(ds.get_train_data(), ds) == [(r["prompt"], r["chosen"], r["rejected"]) for r in local_rows(3, "t")]
-    assert ds.get_train_data().column_names == ["prompt", "chosen", "rejected"]
+    # the other columns kept as written, for reward functions that read them (utils/rl/reward_columns.py)
+    assert ds.get_train_data().column_names == ["prompt", "chosen", "rejected", rd.ROW_COLUMNS]
+    assert rd.row_columns(ds.get_train_data()[0]) == {**local_rows(3, "t")[0], "extra": {"ignored": 1}}
+    assert rd.row_columns(ds.get_train_data()[1]) == local_rows(3, "t")[1]
+    assert ds.get_eval_data().column_names == ["prompt", "chosen", "rejected"]  # no other column: none kept
     assert [s["chosen"] for s in ds.get_eval_data()] == [" good0", " good1"]
     assert ds.get_prompt_and_chosen(ds.get_train_data()[0]) == " Human: qt0? Assistant: good0"
 
@@ -473,7 +477,8 @@ def test_csv_and_tsv_files_read_their_header_columns(tmp_path):
         (" Human: 1, 2 or 3? Assistant:", " 2", " 3"), (' Human: a "quote"? Assistant:', " yes", " no")}
     (tmp_path / "pku.tsv").write_text("prompt\tresponse_0\tresponse_1\tbetter_response_id\n" + "q\tbad\tgood\t1\n" * 4)
     rows = rd.read_local_split(tmp_path / "pku.tsv").to_list()
-    assert rows[0] == {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}
+    assert rd.row_columns(rows[0]) == {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad",
+                                       "response_0": "bad", "response_1": "good", "better_response_id": "1"}
     (tmp_path / "ragged.csv").write_text("prompt,chosen,rejected\na,b,c,d\n")
     with pytest.raises(DataError, match=r"ragged.csv: line 2: more fields than the header line names \(3\)"):
         rd.read_local_split(tmp_path / "ragged.csv")

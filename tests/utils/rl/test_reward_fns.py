@@ -1,5 +1,7 @@
 """Reward functions (utils/rl/reward_fns.py): the built-in checker, the registry, functions imported from a module
 or a file of the user's, and the checks on every call (an error naming the function, never a wrong reward)."""
+import argparse
+import json
 import math
 import sys
 
@@ -250,15 +252,16 @@ def test_a_signal_while_the_function_runs_still_interrupts_the_run(capsys):
 
 
 @pytest.mark.parametrize("source, why", [
-    ("def score(answers):\n    return [1.0] * len(answers)\n", "too many positional arguments"),
-    ("def score(prompts, answers, tasks):\n    return [1.0] * len(answers)\n", "missing a required argument"),
-    ("def score():\n    return []\n", "too many positional arguments"),
+    ("def score(answers):\n    return [1.0] * len(answers)\n", "not (answers)"),
+    ("def score():\n    return []\n", "not ()"),
+    ("def score(*, prompts, answers):\n    return []\n", "not (*, prompts, answers)"),
 ])
 def test_a_function_that_cannot_take_prompts_and_answers_is_refused_before_anything_runs(tmp_path, source, why):
     (tmp_path / "mine.py").write_text(source)
-    with pytest.raises(ConfigError, match=rf"--reward-fn .*mine.py:score: score must take \(prompts, answers\), two "
-                                          rf"lists of strings \({why}"):
+    with pytest.raises(ConfigError) as error:
         check_reward_fn(f"{tmp_path}/mine.py:score", ["builtin"], "--reward-fn")
+    assert str(error.value) == (f"--reward-fn {tmp_path}/mine.py:score: score must take (prompts, answers), two lists "
+                                f"of strings, or TRL's (completions, **kwargs), {why}")
 
 
 def test_a_function_with_defaults_or_varargs_beyond_the_two_is_taken(tmp_path):
@@ -267,3 +270,76 @@ def test_a_function_with_defaults_or_varargs_beyond_the_two_is_taken(tmp_path):
     for name in ("score", "loose"):
         check_reward_fn(f"{tmp_path}/mine.py:{name}", ["builtin"], "--reward-fn")
     assert load_reward_fn(f"{tmp_path}/mine.py:loose")(["p"], ["a"]) == [0.5]
+
+
+
+QUESTIONS = [{"prompt": " Human: What is 2 + 3? Assistant:", "solution": "5", "level": 1},
+             {"prompt": " Human: What is 4 + 4? Assistant:", "solution": "8", "level": 2},
+             *({"prompt": f" Human: What is {n} + 1? Assistant:", "solution": str(n + 1), "level": 3}
+               for n in range(10, 30))]
+COLUMN_FUNCTIONS = """
+def trl(completions, solution, **kwargs):
+    assert sorted(kwargs) == ["chosen", "level", "prompts", "rejected"], sorted(kwargs)
+    return [float(c.strip() == s) for c, s in zip(completions, solution)]
+
+def ours(prompts, answers, solution, level=0):
+    return [float(a.strip() == s) + level / 10 for a, s, level in zip(answers, solution, level)]
+
+def everything(prompts, answers, **columns):
+    assert "prompt" not in columns and "prompts" not in columns
+    return [float(level) for level in columns["level"]]
+
+def wants(completions, ground_truth):
+    return [0.0] * len(completions)
+"""
+
+
+@pytest.fixture
+def questions(tmp_path):
+    """A JSON-lines file of questions with a reference answer (`solution`) and a `level`, and a file of reward
+    functions that read them."""
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in QUESTIONS))
+    (tmp_path / "rewards.py").write_text(COLUMN_FUNCTIONS)
+    return path
+
+
+def test_a_function_in_trls_form_gets_the_columns_of_each_prompts_row(questions, tmp_path):
+    args = argparse.Namespace(data_path=[str(questions)], seed=1234)
+    function = load_reward_fn(f"{tmp_path}/rewards.py:trl", args)
+    prompts = [" Human: What is 2 + 3? Assistant:", " Human:  What is 4 + 4?\nAssistant:",  # whitespace aside
+               " Human: What is 12 + 1? Assistant:"]
+    assert call_reward_fn(function, "trl", prompts, [" 5", "9", "13 "]).tolist() == [1.0, 0.0, 1.0]
+
+
+def test_our_form_takes_columns_by_name_and_kwargs_every_column(questions, tmp_path):
+    args = argparse.Namespace(data_path=[str(questions)], seed=1234)
+    ours = load_reward_fn(f"{tmp_path}/rewards.py:ours", args)
+    prompts = [QUESTIONS[0]["prompt"], QUESTIONS[1]["prompt"]]
+    assert call_reward_fn(ours, "ours", prompts, ["5", "5"]).tolist() == pytest.approx([1.1, 0.2])
+    everything = load_reward_fn(f"{tmp_path}/rewards.py:everything", args)
+    assert call_reward_fn(everything, "everything", prompts[::-1], ["", ""]).tolist() == [2.0, 1.0]
+
+
+def test_a_column_the_data_lacks_is_refused_before_anything_runs(questions, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        check_reward_fn(f"{tmp_path}/rewards.py:wants", [str(questions)], "--reward-fn")
+    assert str(error.value) == (f"--reward-fn {tmp_path}/rewards.py:wants takes the column ground_truth, which "
+                                f"--data_path {questions} does not have (its columns: prompt, chosen, rejected, "
+                                "solution, level)")
+
+
+def test_a_prompt_that_is_no_row_of_the_data_is_an_error_naming_it(questions, tmp_path):
+    function = load_reward_fn(f"{tmp_path}/rewards.py:trl", argparse.Namespace(data_path=[str(questions)]))
+    with pytest.raises(ChatRLHFError, match=r"raised DataError: .*rewards.py:trl reads the data's columns, but the "
+                                            r"prompt 'What is 1 \+ 1\?' is no row of --data_path"):
+        call_reward_fn(function, "trl", ["What is 1 + 1?"], ["2"])
+
+
+def test_columns_of_a_csv_and_a_renamed_prompt_column_reach_the_function(tmp_path):
+    (tmp_path / "q.csv").write_text("question,solution\n" + "".join(f"What is {n} + 1?,{n + 1}\n" for n in range(20)))
+    (tmp_path / "rewards.py").write_text("def score(prompts, answers, solution):\n"
+                                         "    return [float(a == s) for a, s in zip(answers, solution)]\n")
+    args = argparse.Namespace(data_path=[str(tmp_path / "q.csv")], prompt_key="question")
+    function = load_reward_fn(f"{tmp_path}/rewards.py:score", args)
+    assert call_reward_fn(function, "score", ["What is 3 + 1?", "What is 7 + 1?"], ["4", "4"]).tolist() == [1.0, 0.0]
