@@ -269,6 +269,9 @@ def read_rows(records: list[tuple[dict, str]], what: str, present: set[str],
         _check_strings(value, f"{what}: {where}")
         row = _read_renamed(value, f"{what}: {where}", columns)
         other = {key: item for key, item in value.items() if key not in fields}
+        prompt = value.get(columns.get("prompt", "prompt"))
+        if isinstance(prompt, list):  # a prompt of messages (TRL's conversational form), as written
+            other["prompt"] = prompt
         if other:
             row[ROW_COLUMNS] = json.dumps(other, default=str)
         rows.append(row)
@@ -286,7 +289,7 @@ def _dataset(rows: list[dict]) -> datasets.Dataset:
 
 def row_columns(row: dict) -> dict:
     """A row's columns as its file or data set wrote them: its text-form fields and the other columns read_rows
-    kept (a reference answer beside a question, for reward functions that read it)."""
+    kept (a reference answer beside a question, for reward functions that read it; a prompt of messages)."""
     kept = row.get(ROW_COLUMNS)
     return {**{key: item for key, item in row.items() if key not in (ROW_COLUMNS, UNUSABLE)},
             **(json.loads(kept) if kept else {})}

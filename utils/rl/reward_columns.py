@@ -8,7 +8,9 @@ A user's reward function may take, besides the prompts and the answers, columns 
 
 Each column comes as a list with one value per answer: the value in the row whose prompt the answer answers. A
 function with a parameter named `completions` (TRL's form) is called by keyword (`prompts=`, `completions=` and the
-columns); ours gets the prompts and answers by position and the columns by keyword. `**kwargs` receives every
+columns), and where a row's prompt is a list of messages (TRL's conversational form) it gets that list and the
+answer as `[{"role": "assistant", "content": answer}]`, as TRL gives them; ours gets the prompts and answers as
+text, by position, and the columns by keyword. `**kwargs` receives every
 column but the prompt and `completion` (as TRL passes them). Prompts are found by their text, whitespace not
 significant, among the train and eval rows of every `--data_path`; the first row of a prompt given twice wins.
 
@@ -122,7 +124,11 @@ def with_columns(function, call, rows, label):
         if EVERY_COLUMN in call.columns:
             names += [name for name in rows.names if name not in names and name not in NOT_PASSED]
         columns = {name: [row.get(name) for row in found] for name in names}
-        if call.trl:
+        if call.trl:  # a prompt of messages comes as written, its answer as one assistant message (TRL's form)
+            chats = [isinstance(row.get("prompt"), list) for row in found]
+            prompts = [row["prompt"] if chat else prompt for row, chat, prompt in zip(found, chats, prompts)]
+            answers = [[{"role": "assistant", "content": answer}] if chat else answer
+                       for chat, answer in zip(chats, answers)]
             return function(**({"prompts": prompts} if call.takes_prompts else {}), completions=answers, **columns)
         return function(prompts, answers, **columns)
 

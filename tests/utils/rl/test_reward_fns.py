@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from utils.data.data_utils import get_raw_dataset
+from utils.data.raw_datasets import row_columns
 from utils.rl import reward_fns
 from utils.rl.reward_fns import REWARD_FNS, builtin_reward_fn, call_reward_fn, check_reward_fn, load_reward_fn
 from utils.runtime.errors import ChatRLHFError, ConfigError
@@ -343,3 +345,22 @@ def test_columns_of_a_csv_and_a_renamed_prompt_column_reach_the_function(tmp_pat
     args = argparse.Namespace(data_path=[str(tmp_path / "q.csv")], prompt_key="question")
     function = load_reward_fn(f"{tmp_path}/rewards.py:score", args)
     assert call_reward_fn(function, "score", ["What is 3 + 1?", "What is 7 + 1?"], ["4", "4"]).tolist() == [1.0, 0.0]
+
+
+def test_a_conversational_prompt_reaches_a_trl_function_as_messages_and_its_answer_as_one(tmp_path):
+    """TRL's conversational form: the prompt a list of messages, each completion a list of one assistant message."""
+    rows = [{"prompt": [{"role": "user", "content": f"What is {n} + 1?"}], "solution": str(n + 1)} for n in range(20)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "rewards.py").write_text(
+        "def acc(prompts, completions, solution, **kwargs):\n"
+        "    assert all(p[-1]['role'] == 'user' for p in prompts), prompts\n"
+        "    return [float(c[0]['content'].strip() == s) for c, s in zip(completions, solution)]\n"
+        "def ours(prompts, answers, solution):\n"
+        "    return [float(isinstance(p, str) and a == s) for p, a, s in zip(prompts, answers, solution)]\n")
+    args = argparse.Namespace(data_path=[str(tmp_path / "chat.jsonl")])
+    raw = get_raw_dataset(str(tmp_path / "chat.jsonl"), 1234)
+    prompts = [raw.get_prompt(row) for row in raw.get_train_data()][:2]  # the text form step 3 passes
+    solutions = [row_columns(row)["solution"] for row in raw.get_train_data()][:2]
+    for name in ("acc", "ours"):
+        function = load_reward_fn(f"{tmp_path}/rewards.py:{name}", args)
+        assert call_reward_fn(function, name, prompts, [solutions[0], "x"]).tolist() == [1.0, 0.0]
