@@ -234,6 +234,26 @@ def test_the_closing_evaluation_scores_data_without_a_checker_with_the_rl_reward
         assert "--reward_fn" not in evaluation
 
 
+def test_smollm2_on_the_users_data_and_reward_function_takes_the_verifier_rl_recipe_and_its_budget(tmp_path,
+                                                                                                      monkeypatch):
+    """Critic-free RL on a user's reward function: dynamic sampling and the time budget, as on reasoning-gym tasks;
+    on a reward model (pairs, no --reward-fn), step 3's recipe alone and no budget."""
+    monkeypatch.chdir(tmp_path)
+    write_rows(tmp_path, "questions.jsonl", answered=False)
+    write_rows(tmp_path, "pairs.jsonl")
+    (tmp_path / "checks.py").write_text("def score(prompts, answers):\n    return [0.0] * len(answers)\n")
+    model = ["--actor-model", "smollm2-135m", "--reward-model", "smollm2-135m", "--algorithm", "grpo"]
+    args = train.parse_args(["--output-dir", "out", *model, "--data-path", "questions.jsonl", "--reward-fn",
+                             "checks.py:score"])
+    assert args.time_budget == 27 and args.deadline is not None
+    rl = step_command(args, plan(args)[-1])
+    assert "--filter_zero_variance" in rl and flag(rl, "--num_samples_per_prompt") == "8"
+    assert flag(rl, "--max_steps") == "400" and flag(rl, "--deadline") is not None
+    on_a_reward_model, _ = commands(*model, "--data-path", "pairs.jsonl")
+    assert "--filter_zero_variance" not in on_a_reward_model["rl"] and "--deadline" not in on_a_reward_model["rl"]
+    assert flag(on_a_reward_model["rl"], "--max_steps") == "20"
+
+
 def test_pipeline_wide_flags_reach_every_stage_and_stage_flags_win(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_rows(tmp_path, "a.jsonl", "b.jsonl")

@@ -158,9 +158,17 @@ def has_step3(args):
 
 
 def train_recipe(args):
-    """train.py's own flags from the recipe of its actor and data (its "train" entry: the time budget) where the
-    algorithm has a step 3 to bound."""
-    return recipe_flags(args.actor_model, "train", args.data_path) if has_step3(args) else []
+    """train.py's own flags from the recipe of its actor and data (its "train" entry, and "train_reward_fn" where a
+    reward function scores step 3: the time budget) where the algorithm has a step 3 to bound."""
+    if not has_step3(args):
+        return []
+    keys = ("train", "train_reward_fn") if reward_fn_given(args) else ("train",)
+    return [flag for key in keys for flag in recipe_flags(args.actor_model, key, args.data_path)]
+
+
+def reward_fn_given(args):
+    """Whether step 3 is scored by a reward function (--reward-fn, not `none`)."""
+    return args.reward_fn not in (None, "none")
 
 
 def closing_answers(args, runs):
@@ -378,6 +386,7 @@ def step_command(args, run):
     own = algorithm if run.stage == algorithm.stages[-1] else Algorithm((), "")
     flags = [item for pair in run.flags(args).items() for item in pair] + list(own.flags)
     keys = spec.recipes + (spec.pairs_recipes if args.pair_judge else ()) + own.recipes
+    keys += tuple(f"{key}_reward_fn" for key in own.recipes if reward_fn_given(args))  # RL on a reward function
     recipe = [flag for key in keys for flag in recipe_flags(stage_model(args, run.stage), key, args.data_path)]
     if spec.script:
         return [sys.executable, str(ROOT / spec.script), *recipe, *flags, *script_flags(args)]

@@ -4,7 +4,8 @@
 is a real pretrained model trained with LoRA in bounded steps; `default` serves any other Hugging Face model
 with DeepSpeed-Chat's settings for OPT-1.3b / OPT-350m. Flags given to train.py with --step{1,2,3}-args come
 after these, so they win. An "eval" entry adds flags to the side-by-side evaluation train.py ends with, a "train"
-entry flags of train.py itself (before the user's, so theirs win).
+entry flags of train.py itself (before the user's, so theirs win). "grpo_reward_fn" and "train_reward_fn" are
+"grpo"'s and "train"'s where the reward is a reward function (`--reward-fn`), not a reward model.
 `DATA_RECIPES` adds flags for one model family on one kind of data (after the model's, so they win there).
 """
 
@@ -12,6 +13,16 @@ entry flags of train.py itself (before the user's, so theirs win).
 SMOLLM2_PAIRS = ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_len", "64",
                  "--learning_rate", "2e-4", "--lora_dim", "16", "--only_optimize_lora", "--lora_learning_rate",
                  "5e-4", "--max_steps", "40", "--num_warmup_steps", "5", "--print_interval", "10", "--dtype", "auto"]
+
+# SmolLM2's critic-free RL on a verifier (a reasoning-gym task's, a user's reward function): 8 answers to each of 4
+# prompts whose scores differ (dynamic sampling, up to 4 batches drawn), LoRA at 5e-4, no KL, until the command's
+# time budget (or 400 rounds), stopping once 5 rounds in a row find no prompt whose answers differ
+# (docs/panel.md).
+SMOLLM2_VERIFIED_RL = ["--per_device_generation_batch_size", "4", "--num_samples_per_prompt", "8",
+                       "--per_device_training_batch_size", "16", "--ppo_epochs", "1", "--kl_coef", "0",
+                       "--actor_lora_learning_rate", "5e-4", "--max_steps", "400", "--print_interval", "1",
+                       "--eval_interval", "20", "--eval_prompts", "50", "--filter_zero_variance",
+                       "--max_generation_batches", "4", "--stop_after_idle_rounds", "5"]
 
 RECIPES = {
     "tiny": {
@@ -112,21 +123,21 @@ DATA_RECIPES = {
             "--print_interval", "10", "--eval_interval", "10", "--eval_iters", "4", "--early_stopping_patience", "3",
             "--max_train_minutes", "6"],
         3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto", "--num_train_epochs", "100"],
-        "grpo": ["--per_device_generation_batch_size", "4", "--num_samples_per_prompt", "8",
-                 "--per_device_training_batch_size", "16", "--ppo_epochs", "1", "--kl_coef", "0",
-                 "--actor_lora_learning_rate", "5e-4", "--max_steps", "400", "--print_interval", "1",
-                 "--eval_interval", "20", "--eval_prompts", "50", "--filter_zero_variance",
-                 "--max_generation_batches", "4", "--stop_after_idle_rounds", "5"],
+        "grpo": SMOLLM2_VERIFIED_RL,
         "eval": ["--num_prompts", "100", "--samples_per_prompt", "4", "--max_new_tokens", "auto"],
         "train": ["--time-budget", "27"],
     },
     # SmolLM2 on the user's own data (dialogues, hub data sets): every length from the data (its 95th percentile; a
     # dialogue's earlier turns give way first), at most 256 tokens, the bound of a step's time on a 2-core CPU;
     # epochs enough that the recipe's step counts are the bound (each step's log warns where an epoch caps them).
+    # Critic-free RL on the user's reward function: the reasoning-gym recipe's RL and time budget (docs/smollm2.md:
+    # on a file of questions and a TRL-form checker it gains where step 3's 20 rounds barely move).
     ("smollm2-135m", "user"): {
         **dict.fromkeys((1, 2, "dpo"), ["--max_seq_len", "auto", "--max_auto_len", "256", "--num_train_epochs", "100"]),
         3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto", "--max_auto_len", "256",
             "--num_train_epochs", "100"],
+        "grpo_reward_fn": SMOLLM2_VERIFIED_RL,
+        "train_reward_fn": ["--time-budget", "27"],
     },
     # The tiny model on the user's own data: lengths from the data (its recipe's 64 suits the built-in task only).
     ("tiny", "user"): {

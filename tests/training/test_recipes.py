@@ -71,3 +71,7 @@ def test_the_data_recipe_is_the_one_of_the_runs_data():
     args = step_parser(3)(["--actor_model_name_or_path", "a", "--output_dir", "out", "--advantage_estimator", "grpo",
                            "--reward_fn", "reasoning_gym", "--data_path", *rg, *flags])
     assert args.max_answer_seq_len == args.max_prompt_seq_len == "auto" and args.eval_interval > 0
+    # on the user's data, the same RL where a reward function scores it
+    user = recipe_flags("smollm2-135m", "grpo_reward_fn", ["/data/questions.jsonl"])
+    assert user == recipe_flags("smollm2-135m", "grpo", rg)[len(recipe_flags("smollm2-135m", "grpo")):]
+    assert recipe_flags("smollm2-135m", "train_reward_fn", ["/data/q.jsonl"]) == ["--time-budget", "27"]
