@@ -211,8 +211,12 @@ def test_a_local_file_of_prompts_alone_skips_step_1_and_one_with_answers_does_no
     write_rows(tmp_path, answered.name)
     stage_commands, _ = commands("--algorithm", "rloo", "--reward-fn", "builtin", "--data-path", str(questions))
     assert list(stage_commands) == ["rl"]
+    assert flag(stage_commands["rl"], "--data_split") == "0,0,1"  # no other stage reads them: step 3 takes all
+    mine, _ = commands("--algorithm", "rloo", "--reward-fn", "builtin", "--data-path", str(questions),
+                       "--data-split", "1,1,1")
+    assert flag(mine["rl"], "--data_split") == "1,1,1"
     stage_commands, _ = commands("--algorithm", "rloo", "--reward-fn", "builtin", "--data-path", str(answered))
-    assert list(stage_commands) == ["sft", "rl"]
+    assert list(stage_commands) == ["sft", "rl"] and flag(stage_commands["rl"], "--data_split") is None
 
 
 def test_a_data_path_that_is_no_known_name_and_no_file_is_refused_before_any_step(tmp_path):

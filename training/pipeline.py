@@ -106,6 +106,9 @@ STAGES = {
 
 
 PAIR_STAGES = ("reward", "dpo", "orpo")
+WHOLE_DATA_SPLIT = "0,0,1"
+"""The --data_split of step 3 where no other stage reads the data (prompts alone, a reward function): all of it,
+rather than the 40% of 2,4,4 with the rest unread."""
 """The stages that train on the data's preference pairs unless --pair-judge makes them from the actor's answers."""
 
 
@@ -220,6 +223,7 @@ class Run:
     dirs: dict  # {stage: folder} as it sees them: its own output, and in round k > 1 of --pair-rounds the round's
     # folders, "sft" (the actor it starts from) being the actor round k - 1 trained
     round: int = 1
+    whole_data: bool = False  # the only stage that reads --data-path: it takes all of it (WHOLE_DATA_SPLIT)
 
     @property
     def spec(self):
@@ -265,11 +269,12 @@ def plan(args):
                for name, k in rounds}
     folders.setdefault("sft", args.actor_model)  # without step 1 the later steps start from the base model
     actor = next((name for name in repeating if STAGES[name].trains == "actor"), None)
+    alone = names == ["rl"]  # no step 1 (no answers to imitate), no reward model (a reward function), no pairs
     runs = []
     for name, k in rounds:
         dirs = folders if k == 1 else {**folders, **{other: folders[run_name(other, k)] for other in repeating},
                                        "sft": folders[run_name(actor, k - 1)]}
-        runs.append(Run(run_name(name, k), name, dirs, k))
+        runs.append(Run(run_name(name, k), name, dirs, k, whole_data=alone))
     return runs
 
 
@@ -388,6 +393,7 @@ def step_command(args, run):
     keys = spec.recipes + (spec.pairs_recipes if args.pair_judge else ()) + own.recipes
     keys += tuple(f"{key}_reward_fn" for key in own.recipes if reward_fn_given(args))  # RL on a reward function
     recipe = [flag for key in keys for flag in recipe_flags(stage_model(args, run.stage), key, args.data_path)]
+    recipe += ["--data_split", WHOLE_DATA_SPLIT] if run.whole_data and not args.data_split else []
     if spec.script:
         return [sys.executable, str(ROOT / spec.script), *recipe, *flags, *script_flags(args)]
     script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
