@@ -38,3 +38,17 @@ def test_rows_mean_spread_and_worst_skill_come_from_the_runs(tmp_path):
     assert "| s2 | 0.500 -> 0.750 (+0.250) |" in text
     # mean +0.200, sample sd of (0.15, 0.25) = 0.0707
     assert "| mean of 2 | +0.200 (sd 0.071) | +0.040 | lowest -0.020 |" in text
+
+
+def test_report_rows_add_columns_and_a_run_without_skills_shows_none(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    scores = {"sampled": {"all": 0.1}, "greedy": {"all": 0.2}}
+    (folder / "evaluation.json").write_text(json.dumps({"baseline": scores, "finetune": scores}))
+    (folder / "report.md").write_text("Measured by `python train.py`:\n\n| step | measure | value |\n|---|---|---|\n"
+                                      "| rl | wall time | 90 s |\n| all | wall time | 100 s |\n"
+                                      "| 3 RL | steps (prompt batches), stopped early | 7 of 9: idle |\n")
+    text = table([folder], "Mine", ["steps (prompt batches)", "all: wall time", "no such row"])
+    assert "| run | sampled | greedy | worst greedy skill | steps (prompt batches) | all: wall time | no such row |" in text
+    assert "| mine | 0.100 -> 0.100 (+0.000) | 0.200 -> 0.200 (+0.000) | - | 7 of 9: idle | 100 s | - |" in text
+    assert "| mean of 1 | +0.000 | +0.000 | - | | | |" in text
