@@ -30,22 +30,40 @@ MODEL_CANDIDATES = 3
 COLLAPSED_SHARE = 0.5
 """A model whose most frequent answer in a group is at least this share of its answers there "gives mostly one
 answer" (format_answer_stats warns when it then scores no better than a constant answer)."""
+ALIKE_SHARE = 0.9
+"""A model whose answers in a group earn, on at least this share of them, what the group's best constant answer
+earns on the same question answers as that one answer would, however each is worded ("The letter appears 1 time
+in ..." to every counting question): scored as a constant answer too."""
 
 
 class Checker:
     """A checker of held-out answers: `checker(prompts, answers) -> {"all": mean score, <group>: mean, ...}`, and
     `key(prompt) -> (group, reference answer or None)`, each question's group and reference answer (what
-    `answer_stats` tries as constant answers). A plain function `(prompts, answers) -> {"all": ...}` serves as
-    a checker too, without groups or references."""
+    `answer_stats` tries as constant answers; None: no groups); `scores(prompts, answers)`, each answer's score
+    (`score`: a function that gives them at once; else one summary per answer). A plain function
+    `(prompts, answers) -> {"all": ...}` serves as a checker too, without groups or references."""
 
-    def __init__(self, summarize, key):
-        self.summarize, self.key = summarize, key
+    def __init__(self, summarize, key, score=None):
+        self.summarize, self.key, self.score = summarize, key, score
 
     def __call__(self, prompts, answers):
         return self.summarize(prompts, answers)
 
+    def scores(self, prompts, answers):
+        if self.score is not None:
+            return [float(value) for value in self.score(prompts, answers)]
+        return [float(self.summarize([prompt], [answer])["all"]) for prompt, answer in zip(prompts, answers)]
 
-BUILTIN_CHECKER = Checker(task.summarize_scores, task.parse_prompt)
+
+def answer_scores(checker, prompts, answers):
+    """Each answer's score by `checker` (a Checker, or a plain function: one call per answer)."""
+    if isinstance(checker, Checker):
+        return checker.scores(prompts, answers)
+    return [float(checker([prompt], [answer])["all"]) for prompt, answer in zip(prompts, answers)]
+
+
+BUILTIN_CHECKER = Checker(task.summarize_scores, task.parse_prompt,
+                          lambda prompts, answers: list(map(task.score_answer, prompts, answers)))
 """The built-in task's checker: groups its skills, references the expected values."""
 
 
@@ -56,7 +74,7 @@ def gym_checker(verifier):
         item = verifier.item(prompt)
         return item.task, item.answer
 
-    return Checker(verifier.summarize, key)
+    return Checker(verifier.summarize, key, verifier.score)
 
 
 def builtin_prompts():
@@ -246,6 +264,8 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
                              answers of it; "all": the best one answer to every question, among each group's best
                              MODEL_CANDIDATES constants and the model's most frequent answers
         best_constant_answer that answer
+        scored_as_constant   the share of the answers that earn what best_constant_answer earns on their question:
+                             at least ALIKE_SHARE, the model answers as that one answer would, however worded
         pass_at_k            the share of the questions that at least one of their k answers (k: the rounds)
                              solves, scored 1 by a task's `checker` (one with `key`): with k > 1, what sampling
                              finds and RL can reinforce (a greedy decoding's pass@1 is its share of full marks)
@@ -277,11 +297,11 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
     if checker is None:
         del stats["best_constant"], stats["best_constant_answer"]
         return {**stats, "k": rounds, "answers": len(answers)}
+    scores = answer_scores(checker, [prompts[i % len(prompts)] for i in range(len(answers))], answers)
     if key:  # a task's checker, scores in [0, 1] (a plain function's scale is its own)
         solved = [False] * len(prompts)
-        for i, answer in enumerate(answers):
-            if not solved[i % len(prompts)]:
-                solved[i % len(prompts)] = float(checker([prompts[i % len(prompts)]], [answer])["all"]) >= 1.0
+        for i, value in enumerate(scores):
+            solved[i % len(prompts)] = solved[i % len(prompts)] or value >= 1.0
         stats["pass_at_k"] = {group: sum(solved[i] for i in indices) / len(indices)
                               for group, indices in groups.items()}
 
@@ -303,6 +323,13 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
         candidates = list(dict.fromkeys(best_of_groups + frequent["all"]))
         best = max(candidates, key=lambda answer: score("all", answer))
         stats["best_constant"]["all"], stats["best_constant_answer"]["all"] = score("all", best), best
+    stats["scored_as_constant"] = {}
+    for group, indices in groups.items():
+        constant = answer_scores(checker, [prompts[i] for i in indices],
+                                 [stats["best_constant_answer"][group]] * len(indices))
+        earns = dict(zip(indices, constant))
+        alike = [value == earns[i % len(prompts)] for i, value in enumerate(scores) if i % len(prompts) in earns]
+        stats["scored_as_constant"][group] = sum(alike) / len(alike)
     stats = {name: {group: values[group] for group in groups if group in values} for name, values in stats.items()}
     return {**stats, "k": rounds, "answers": len(answers)}
 
@@ -317,11 +344,22 @@ def answer_scalars(stats):
 
 def scores_as_a_constant(score, stats, group="all"):
     """True when the answers to `group`'s questions are mostly one answer (top_answer_share at least
-    COLLAPSED_SHARE) and `score` is no better than the best constant answer's: the score is what answering one
-    thing earns, not the skill (format_answer_stats, the pipeline's report)."""
+    COLLAPSED_SHARE) or score as one answer would (scored_as_constant at least ALIKE_SHARE), and `score` is no
+    better than the best constant answer's: the score is what answering one thing earns, not the skill
+    (format_answer_stats, the pipeline's report)."""
     constant = stats.get("best_constant", {}).get(group)
     return (score is not None and constant is not None and score <= constant
-            and stats["top_answer_share"][group] >= COLLAPSED_SHARE)
+            and (stats["top_answer_share"][group] >= COLLAPSED_SHARE
+                 or stats.get("scored_as_constant", {}).get(group, 0.0) >= ALIKE_SHARE))
+
+
+def constant_likeness(stats, group="all"):
+    """How the answers to `group`'s questions are one answer, in words: the share that is the most frequent one,
+    or (answers worded differently) the share that earns what the best constant answer earns."""
+    if stats["top_answer_share"][group] >= COLLAPSED_SHARE:
+        return f"{stats['top_answer_share'][group]:.0%} of the answers are {stats['top_answer'][group]!r}"
+    return (f"{stats['scored_as_constant'][group]:.0%} of the answers earn what "
+            f"{stats['best_constant_answer'][group]!r} earns on their question")
 
 
 def format_side_by_side(prompts, results, num_show=8, width=28):
@@ -385,8 +423,8 @@ def format_answer_stats(results):
                 collapsed.append(f"{group} {score:.3f} (answering {stats['best_constant_answer'][group]!r} to every "
                                  f"question: {constant:.3f})")
         if collapsed:
-            warnings.append(f"WARNING: {name} {decoding} gives mostly one answer and scores no better than a constant "
-                            f"answer on: {', '.join(collapsed)}")
+            warnings.append(f"WARNING: {name} {decoding} answers mostly as one answer would and scores no better "
+                            f"than a constant answer on: {', '.join(collapsed)}")
     return "\n".join(lines + warnings)
 
 

@@ -85,8 +85,8 @@ def test_a_constant_model_on_the_builtin_task_scores_the_best_constant_and_gives
     assert second["answer_stats"]["greedy"]["distinct_answers"]["all"] == 4
     # which the table warns of, skill by skill (over all questions it gives four answers, none mostly)
     warning = format_answer_stats({"per skill": second}).splitlines()[-1]
-    assert warning.startswith("WARNING: per skill greedy gives mostly one answer and scores no better than a "
-                              "constant answer on: add ") and "upper" in warning and " all " not in warning
+    assert warning.startswith("WARNING: per skill greedy answers mostly as one answer would and scores no better "
+                              "than a constant answer on: add ") and "upper" in warning and " all " not in warning
     stub_generate(monkeypatch, lambda prompt: task.parse_prompt(prompt)[1])  # right every time: no warning
     assert "WARNING" not in format_answer_stats(evaluate_models({"right": (None, tiny_tokenizer)}, prompts))
     # and one answer to every question scores at most the best constant of all of them
@@ -108,8 +108,8 @@ def test_a_model_answering_1_to_every_gcd_question_scores_the_best_constant(monk
         assert stats["best_constant_answer"] == {"all": "1", "gcd": "1"}
         assert stats["distinct_answers"] == {"all": 1, "gcd": 1} and stats["top_answer_share"]["gcd"] == 1.0
     table = format_answer_stats({"collapsed": result})
-    assert "WARNING: collapsed sampled gives mostly one answer and scores no better than a constant answer on: " \
-           "all " in table and "gcd" in table.splitlines()[-1] and "answering '1' to every question" in table
+    assert "WARNING: collapsed sampled answers mostly as one answer would and scores no better than a constant " \
+           "answer on: all " in table and "gcd" in table.splitlines()[-1] and "answering '1' to every question" in table
     scalars = answer_scalars(result["answer_stats"]["sampled"])
     assert scalars == {"best_constant": result["sampled"]["all"], "distinct_answers": 1, "top_answer_share": 1.0,
                        "hit_limit": 0}
@@ -154,3 +154,29 @@ def test_validation_prompts_are_a_specs_whole_eval_part_apart_from_its_held_out_
     assert not set(validation) & set(heldout) and not set(validation) & train
     assert gym_validation_prompts([spec, spec]) == validation * 2
     assert gym_validation_prompts("builtin") is None and gym_validation_prompts([spec, "builtin"]) is None
+
+
+def test_answers_worded_apart_that_score_as_one_answer_does_are_a_constant_answer():
+    """A counting task's answers that echo each question but always say "1": no answer is given twice, yet each
+    earns what the constant answer "1" earns on its question: scored as a constant answer, not as the skill."""
+    from inference.evaluation import Checker, constant_likeness, scores_as_a_constant
+
+    truth = {f"How many a in text {n}?": str(1 + n % 3) for n in range(30)}  # "1" right a third of the time
+
+    def last_number(answer):
+        return answer.split()[-1].strip(".")
+
+    checker = Checker(lambda prompts, answers: {"all": sum(last_number(a) == truth[p] for p, a in
+                                                           zip(prompts, answers)) / len(answers)}, None)
+    prompts = list(truth)
+    echoes = [f"In {prompt[-8:-1]} it appears 1" for prompt in prompts]
+    stats = answer_stats(prompts, echoes, checker)
+    assert stats["distinct_answers"]["all"] == 30 and stats["scored_as_constant"]["all"] == 1.0
+    score = checker(prompts, echoes)["all"]
+    assert score == pytest.approx(1 / 3) and score <= stats["best_constant"]["all"]
+    assert scores_as_a_constant(score, stats)
+    assert constant_likeness(stats).startswith("100% of the answers earn what ")
+    right = [f"In {prompt[-8:-1]} it appears {truth[prompt]}" for prompt in prompts]
+    right_stats = answer_stats(prompts, right, checker)
+    assert right_stats["scored_as_constant"]["all"] == pytest.approx(1 / 3)
+    assert not scores_as_a_constant(checker(prompts, right)["all"], right_stats)

@@ -161,6 +161,7 @@ def test_the_sampled_decoding_without_the_tool_answers_each_prompt_once(model, t
     evaluate_models({"m": (model, tiny_tokenizer)}, prompts, max_new_tokens=20, seed=3, checker=checker,
                     tools=ToolUse(FakeTool(), FORMAT, max_calls=1, timeout=1.0), samples_per_prompt=3)
     n = len(prompts)
+    sizes = [size for size in sizes if size != (1, 1)]  # answer_stats' calls on one answer each, apart
     assert sizes[:2] == [(3 * n, 3 * n), (n, n)]  # sampled: with the tool, then without
     assert sizes[2:4] == [(n, n), (n, n)]  # greedy: one answer a prompt either way
 

@@ -71,16 +71,17 @@ def parse_args(argv=None):
     return args
 
 
-def reward_fn_checker(args):
-    """The evaluation's checker from --reward_fn: {"all": the mean of its scores}."""
+def reward_fn_checker(args, key=None):
+    """The evaluation's checker from --reward_fn: {"all": the mean of its scores}, the questions grouped by `key`
+    (a data checker's, or None)."""
     from utils.rl.reward_fns import call_reward_fn, load_reward_fn
 
     reward_fn = load_reward_fn(args.reward_fn, args)
 
-    def checker(prompts, answers):
-        return {"all": call_reward_fn(reward_fn, args.reward_fn, prompts, answers).mean().item()}
+    def scores(prompts, answers):
+        return call_reward_fn(reward_fn, args.reward_fn, prompts, answers)
 
-    return checker
+    return Checker(lambda prompts, answers: {"all": scores(prompts, answers).mean().item()}, key, scores)
 
 
 @cli_entry
@@ -98,9 +99,7 @@ def main(argv=None):
     prompts = prompts[:args.num_prompts]
     if args.reward_fn:  # scores by the reward function, grouped as the data's checker groups the questions
         data_checker = checker or (BUILTIN_CHECKER if are_task_prompts(prompts) else None)
-        checker = reward_fn_checker(args)
-        if isinstance(data_checker, Checker):
-            checker = Checker(checker, data_checker.key)
+        checker = reward_fn_checker(args, data_checker.key if isinstance(data_checker, Checker) else None)
     if is_auto(args.max_new_tokens):
         from utils.data.data_utils import fit_auto_lengths
         from utils.model.model_utils import load_tokenizer

@@ -7,7 +7,7 @@ pictures beside it; the README quotes one."""
 import json
 from pathlib import Path
 
-from inference.evaluation import DECODINGS, TOOL_FIGURES, scores_as_a_constant
+from inference.evaluation import DECODINGS, TOOL_FIGURES, constant_likeness, scores_as_a_constant
 from utils.model.save import read_training_settings
 from utils.rl.estimators import ESTIMATORS
 from utils.rl.policy_losses import POLICY_LOSSES
@@ -210,9 +210,9 @@ def skill_table(evaluation):
                 lines.append(f"| {names.get(model, model)} | {decoding} | {cells} |")
             stats = result.get("answer_stats", {}).get(decoding)
             if stats and scores_as_a_constant(scores.get("all"), stats):
-                notes.append(f"{names.get(model, model)}, {decoding}: {stats['top_answer_share']['all']:.0%} of the "
-                             f"answers are {stats['top_answer']['all']!r} and the score {scores['all']:.3f} is not "
-                             f"above the best constant answer's, {stats['best_constant']['all']:.3f} "
+                notes.append(f"{names.get(model, model)}, {decoding}: {constant_likeness(stats)} and the score "
+                             f"{scores['all']:.3f} is not above the best constant answer's, "
+                             f"{stats['best_constant']['all']:.3f} "
                              f"({stats['best_constant_answer']['all']!r} to every question): the "
                              f"{'gain' if model == 'finetune' else 'score'} is a constant answer, not the skill.")
     constants = [result["answer_stats"][decoding]["best_constant"] for result in evaluation.values()
