@@ -113,10 +113,13 @@ def test_a_local_file_may_mix_the_shapes_and_reads_as_the_text_form(tmp_path):
             {"prompt": [user("g")], "chosen": [assistant("h")], "rejected": [assistant("i")]}]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert rd.read_local_split(path).to_list() == [
+    read = rd.read_local_split(path).to_list()
+    assert [{field: row[field] for field in ("prompt", "chosen", "rejected")} for row in read] == [
         {"prompt": " Human: a Assistant:", "chosen": " b", "rejected": " c"},
         {"prompt": "\n\nHuman: d\n\nAssistant:", "chosen": " e", "rejected": " f"},
         {"prompt": " Human: g Assistant:", "chosen": " h", "rejected": " i"}]
+    # the prompt of messages is kept as written too, for a reward function in TRL's form
+    assert [rd.row_columns(row)["prompt"] for row in read] == [row["prompt"] for row in read[:2]] + [[user("g")]]
 
 
 def test_a_parquet_file_of_message_rows_reads_like_json(tmp_path):
