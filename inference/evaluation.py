@@ -336,9 +336,9 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
 
 def answer_scalars(stats):
     """answer_stats' figures over all the questions, as numbers (for TensorBoard and step 3's evaluations):
-    best_constant (with a checker), distinct_answers, top_answer_share, hit_limit."""
-    scalars = {name: stats[name]["all"] for name in ("best_constant", "distinct_answers", "top_answer_share")
-               if name in stats}
+    best_constant and scored_as_constant (with a checker), distinct_answers, top_answer_share, hit_limit."""
+    scalars = {name: stats[name]["all"] for name in ("best_constant", "scored_as_constant", "distinct_answers",
+                                                     "top_answer_share") if name in stats}
     return {**scalars, "hit_limit": stats["hit_limit"]}
 
 

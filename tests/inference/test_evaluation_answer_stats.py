@@ -111,8 +111,8 @@ def test_a_model_answering_1_to_every_gcd_question_scores_the_best_constant(monk
     assert "WARNING: collapsed sampled answers mostly as one answer would and scores no better than a constant " \
            "answer on: all " in table and "gcd" in table.splitlines()[-1] and "answering '1' to every question" in table
     scalars = answer_scalars(result["answer_stats"]["sampled"])
-    assert scalars == {"best_constant": result["sampled"]["all"], "distinct_answers": 1, "top_answer_share": 1.0,
-                       "hit_limit": 0}
+    assert scalars == {"best_constant": result["sampled"]["all"], "scored_as_constant": 1.0, "distinct_answers": 1,
+                       "top_answer_share": 1.0, "hit_limit": 0}
 
 
 def test_hit_limit_counts_the_answers_without_an_eos(monkeypatch, tiny_tokenizer):

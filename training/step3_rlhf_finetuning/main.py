@@ -298,7 +298,7 @@ def evaluate(trainer, prompts, checker, step, monitor, which="held-out"):
     return {"step": step, **scores}
 
 
-ANSWER_FIGURES = ("best_constant", "distinct_answers", "top_answer_share", "hit_limit")
+ANSWER_FIGURES = ("best_constant", "scored_as_constant", "distinct_answers", "top_answer_share", "hit_limit")
 """What an evaluation says of the answers (inference.evaluation.answer_scalars), kept in metrics.json."""
 
 

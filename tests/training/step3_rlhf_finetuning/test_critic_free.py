@@ -459,8 +459,8 @@ def test_eval_interval_scores_a_reasoning_gym_specs_held_out_questions_with_its_
                                                                             "solved": 1.0}
     scores = make_trainer(engine, reasoning_gym_reward_fn(spec)).evaluate(prompts, checker)
     for values in scores.values():  # the verifier's summary by task, and the reward (the same verifier)
-        assert set(values) == {"all", "chain_sum", "solved", "reward", "best_constant", "distinct_answers",
-                               "top_answer_share", "hit_limit"}  # and inference.evaluation.answer_scalars'
+        assert set(values) == {"all", "chain_sum", "solved", "reward", "best_constant", "scored_as_constant",
+                               "distinct_answers", "top_answer_share", "hit_limit"}  # and answer_scalars'
         assert values["all"] == pytest.approx(values["reward"]) == pytest.approx(values["chain_sum"])
 
 
