@@ -265,7 +265,8 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
                              MODEL_CANDIDATES constants and the model's most frequent answers
         best_constant_answer that answer
         scored_as_constant   the share of the answers that earn what best_constant_answer earns on their question:
-                             at least ALIKE_SHARE, the model answers as that one answer would, however worded
+                             at least ALIKE_SHARE, the model answers as that one answer would, however worded (0
+                             where that answer earns the same on every question: agreeing with it tells nothing)
         pass_at_k            the share of the questions that at least one of their k answers (k: the rounds)
                              solves, scored 1 by a task's `checker` (one with `key`): with k > 1, what sampling
                              finds and RL can reinforce (a greedy decoding's pass@1 is its share of full marks)
@@ -329,7 +330,8 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
                                  [stats["best_constant_answer"][group]] * len(indices))
         earns = dict(zip(indices, constant))
         alike = [value == earns[i % len(prompts)] for i, value in enumerate(scores) if i % len(prompts) in earns]
-        stats["scored_as_constant"][group] = sum(alike) / len(alike)
+        varies = len(set(constant)) > 1  # else agreeing with it says nothing (every answer wrong, as it is)
+        stats["scored_as_constant"][group] = sum(alike) / len(alike) if varies else 0.0
     stats = {name: {group: values[group] for group in groups if group in values} for name, values in stats.items()}
     return {**stats, "k": rounds, "answers": len(answers)}
 

@@ -180,3 +180,5 @@ def test_answers_worded_apart_that_score_as_one_answer_does_are_a_constant_answe
     right_stats = answer_stats(prompts, right, checker)
     assert right_stats["scored_as_constant"]["all"] == pytest.approx(1 / 3)
     assert not scores_as_a_constant(checker(prompts, right)["all"], right_stats)
+    wrong = [f"In {prompt[-8:-1]} it appears 0" for prompt in prompts]  # every answer wrong, as every constant
+    assert answer_stats(prompts[:3], wrong[:3], checker)["scored_as_constant"]["all"] == 0.0
