@@ -14,7 +14,9 @@ text, by position, and the columns by keyword. `**kwargs` receives every
 column but the prompt and `completion` (as TRL passes them). Prompts are found by their text, whitespace not
 significant, among the train and eval rows of every `--data_path`; the first row of a prompt given twice wins.
 
-A named column the data does not have, or a prompt that is no row of the data, is an error naming both.
+A named column the data does not have, or a prompt that is no row of the data, is an error naming both (a function
+that takes `**kwargs` alone gets no column for such a prompt; one whose named columns all have defaults that the
+data lacks is called as the plain form).
 """
 from __future__ import annotations
 
@@ -65,6 +67,11 @@ class ColumnCall:
     def plain(self):
         return not self.trl and not self.columns
 
+    def reads(self, names):
+        """Whether a call passes it any column of data whose columns are `names` (TRL's form is called by keyword
+        whether or not)."""
+        return self.trl or EVERY_COLUMN in self.columns or any(name in names for name in self.columns)
+
 
 class DataRows:
     """The rows of `data_paths` by their prompt's text (train and eval splits), read once on first use."""
@@ -91,8 +98,12 @@ class DataRows:
             self._rows, self.names = rows, list(names)
         return self._rows
 
-    def row(self, prompt, label):
+    def row(self, prompt, label, needed=True):
+        """The columns of the row whose prompt is `prompt`: a DataError naming `label` if there is none and the
+        function `needed` one of its columns (a function that takes `**kwargs` alone gets no column then)."""
         found = self.read().get(_key(prompt))
+        if found is None and not needed:
+            return {}
         if found is None:
             short = " ".join(str(prompt).split())
             raise DataError(f"{label} reads the data's columns, but the prompt {short[:80]!r} is no row of "
@@ -119,7 +130,7 @@ def with_columns(function, call, rows, label):
     """`function` as a plain reward_fn(prompts, answers): each call finds the prompts' rows in `rows` and passes the
     columns `call` asks for."""
     def reward_fn(prompts, answers):
-        found = [rows.row(prompt, label) for prompt in prompts]
+        found = [rows.row(prompt, label, needed=bool(call.required)) for prompt in prompts]
         names = [name for name in call.columns if name != EVERY_COLUMN and name in rows.names]
         if EVERY_COLUMN in call.columns:
             names += [name for name in rows.names if name not in names and name not in NOT_PASSED]

@@ -147,7 +147,7 @@ def load_reward_fn(spec, args=None, flag="--reward_fn"):
         return function
     rows = _data_rows(args)
     check_columns(call, rows, f"{flag} {spec}")
-    return with_columns(function, call, rows, f"{flag} {spec}")
+    return with_columns(function, call, rows, f"{flag} {spec}") if call.reads(rows.names) else function
 
 
 def check_reward_fn(spec, data_paths, flag, columns=None):

@@ -364,3 +364,18 @@ def test_a_conversational_prompt_reaches_a_trl_function_as_messages_and_its_answ
     for name in ("acc", "ours"):
         function = load_reward_fn(f"{tmp_path}/rewards.py:{name}", args)
         assert call_reward_fn(function, name, prompts, [solutions[0], "x"]).tolist() == [1.0, 0.0]
+
+
+def test_a_function_with_kwargs_alone_also_scores_prompts_that_are_no_row(questions, tmp_path):
+    """`**kwargs` asks for no column by name: a prompt outside the data gets none, rather than an error; a column
+    with a default that the data lacks leaves the function as it was written."""
+    (tmp_path / "loose.py").write_text("def score(prompts, answers, **kwargs):\n"
+                                       "    return [float(len(kwargs.get('solution') or [])) for a in answers]\n"
+                                       "def scaled(prompts, answers, scale=2.0):\n"
+                                       "    return [scale] * len(answers)\n")
+    args = argparse.Namespace(data_path=[str(questions)], seed=1234)
+    loose = load_reward_fn(f"{tmp_path}/loose.py:score", args)
+    assert call_reward_fn(loose, "score", ["not a row"], ["x"]).tolist() == [1.0]  # solution: [None]
+    assert call_reward_fn(loose, "score", [QUESTIONS[0]["prompt"]], ["x"]).tolist() == [1.0]
+    scaled = load_reward_fn(f"{tmp_path}/loose.py:scaled", args)
+    assert scaled.__name__ == "scaled" and scaled(["anything"], ["a"]) == [2.0]
