@@ -149,8 +149,8 @@ def build_parser():
                         help="The whole command's wall time: step 3's RL trains until the time left is what saving "
                              "and the closing evaluation need, estimated from its own setup and held-out "
                              "evaluations (its --deadline; the earlier steps keep their own budgets). Default: the "
-                             "recipe's (27 for smollm2-135m on reasoning-gym data, or on other data with --reward-fn), else "
-                             "none; 0: none.")
+                             "recipe's (27 for smollm2-135m on reasoning-gym data, or on other data with "
+                             "--reward-fn), else none; 0: none.")
     parser.add_argument("--no-eval", action="store_true", help="Skip the side-by-side evaluation at the end.")
     parser.add_argument("--eval-prompts", type=int, default=None,
                         help="The closing evaluation answers the first N held-out prompts (prompt_eval.py's "

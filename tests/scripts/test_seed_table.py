@@ -49,6 +49,7 @@ def test_report_rows_add_columns_and_a_run_without_skills_shows_none(tmp_path):
                                       "| rl | wall time | 90 s |\n| all | wall time | 100 s |\n"
                                       "| 3 RL | steps (prompt batches), stopped early | 7 of 9: idle |\n")
     text = table([folder], "Mine", ["steps (prompt batches)", "all: wall time", "no such row"])
-    assert "| run | sampled | greedy | worst greedy skill | steps (prompt batches) | all: wall time | no such row |" in text
+    assert ("| run | sampled | greedy | worst greedy skill | steps (prompt batches) | all: wall time | no such row |"
+            in text)
     assert "| mine | 0.100 -> 0.100 (+0.000) | 0.200 -> 0.200 (+0.000) | - | 7 of 9: idle | 100 s | - |" in text
     assert "| mean of 1 | +0.000 | +0.000 | - | | | |" in text
