@@ -19,6 +19,7 @@ from utils.data.prompting import model_prompt
 from utils.data.raw_datasets import builtin_data_dir
 from utils.data.reasoning_gym_data import gym_data
 from utils.data.text_files import check_text, read_lines
+from utils.rl.reward_fns import call_reward_fn
 from utils.runtime.args import BATCH_SIZE
 from utils.runtime.errors import DataError
 
@@ -60,6 +61,16 @@ def answer_scores(checker, prompts, answers):
     if isinstance(checker, Checker):
         return checker.scores(prompts, answers)
     return [float(checker([prompt], [answer])["all"]) for prompt, answer in zip(prompts, answers)]
+
+
+def reward_fn_checker(reward_fn, name, key=None):
+    """A reward function (`--reward_fn name`) as a checker: {"all": the mean of its scores}, each call checked
+    (utils/rl/reward_fns.call_reward_fn), the questions grouped by `key` (a data checker's, or None): what scores
+    the user's data where no task checker does."""
+    def scores(prompts, answers):
+        return call_reward_fn(reward_fn, name, prompts, answers).tolist()
+
+    return Checker(lambda prompts, answers: {"all": sum(scores(prompts, answers)) / len(answers)}, key, scores)
 
 
 BUILTIN_CHECKER = Checker(task.summarize_scores, task.parse_prompt,

@@ -21,7 +21,8 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 import json
 
 from inference.evaluation import (BUILTIN_CHECKER, Checker, are_task_prompts, evaluate_models, format_answer_stats,
-                                  format_score_table, format_side_by_side, heldout_set, read_prompts_file)
+                                  format_score_table, format_side_by_side, heldout_set, read_prompts_file,
+                                  reward_fn_checker)
 from inference.generation import DEFAULT_MAX_NEW_TOKENS, trained_max_new_tokens
 from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.runtime.args import (ArgumentParser, add_column_args, add_data_path_arg, add_generation_args,
@@ -71,19 +72,6 @@ def parse_args(argv=None):
     return args
 
 
-def reward_fn_checker(args, key=None):
-    """The evaluation's checker from --reward_fn: {"all": the mean of its scores}, the questions grouped by `key`
-    (a data checker's, or None)."""
-    from utils.rl.reward_fns import call_reward_fn, load_reward_fn
-
-    reward_fn = load_reward_fn(args.reward_fn, args)
-
-    def scores(prompts, answers):
-        return call_reward_fn(reward_fn, args.reward_fn, prompts, answers)
-
-    return Checker(lambda prompts, answers: {"all": scores(prompts, answers).mean().item()}, key, scores)
-
-
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
@@ -99,7 +87,10 @@ def main(argv=None):
     prompts = prompts[:args.num_prompts]
     if args.reward_fn:  # scores by the reward function, grouped as the data's checker groups the questions
         data_checker = checker or (BUILTIN_CHECKER if are_task_prompts(prompts) else None)
-        checker = reward_fn_checker(args, data_checker.key if isinstance(data_checker, Checker) else None)
+        from utils.rl.reward_fns import load_reward_fn
+
+        checker = reward_fn_checker(load_reward_fn(args.reward_fn, args), args.reward_fn,
+                                    data_checker.key if isinstance(data_checker, Checker) else None)
     if is_auto(args.max_new_tokens):
         from utils.data.data_utils import fit_auto_lengths
         from utils.model.model_utils import load_tokenizer

@@ -25,7 +25,7 @@ import itertools
 import random
 import time
 
-from inference.evaluation import TOOL_FIGURES, gym_validation_prompts, has_checker, heldout_set
+from inference.evaluation import TOOL_FIGURES, gym_validation_prompts, has_checker, heldout_set, reward_fn_checker
 from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
                                    create_unsupervised_dataset, data_bound, data_metrics, fit_auto_lengths,
@@ -79,7 +79,7 @@ def main(argv=None):
     prompt_dataset, eval_dataset = build(data_bound(args.max_prompt_seq_len))
     fit_auto_lengths(args, args.data_path, tokenizer, prompt_dataset, eval_dataset, rebuild=build)
     eval_prompts, eval_checker = ([], None) if not args.eval_interval else (
-        validation_prompts(args, eval_dataset) if args.load_best_model_at_end else heldout_prompts(args, eval_dataset))
+        validation_prompts if args.load_best_model_at_end else heldout_prompts)(args, eval_dataset, reward_fn)
     # Every round has a whole generation batch (a short last one would not split into training minibatches).
     prompt_loader = make_dataloader(prompt_dataset, DataCollatorRLHF(tokenizer.pad_token_id),
                                     args.per_device_generation_batch_size, True, args.seed, full_batches=True)
@@ -256,18 +256,25 @@ def print_sample(experience, tokenizer):
     print_rank_0(f"  prompt: {prompt!r}\n  answer: {answer!r}")
 
 
-def heldout_prompts(args, eval_dataset):
+def heldout_prompts(args, eval_dataset, reward_fn=None):
     """(prompts, checker) --eval_interval scores, the first --eval_prompts: data of held-out questions with a
     checker (the built-in task, a reasoning-gym spec) gives those, scored as the closing evaluation scores them
-    (inference.evaluation.heldout_set); other data the prompts of its eval split, checker None (the mean reward
+    (inference.evaluation.heldout_set); other data the prompts of its eval split, scored as the closing evaluation
+    scores them too: by the reward function where there is one (other_checker), else checker None (the mean reward
     is reported)."""
     if has_checker(args.data_path):
         prompts, checker = heldout_set(args.data_path)
         return prompts[:args.eval_prompts], checker
-    return [sample["prompt"] for sample in eval_dataset][:args.eval_prompts], None
+    return [sample["prompt"] for sample in eval_dataset][:args.eval_prompts], other_checker(args, reward_fn)
 
 
-def validation_prompts(args, eval_dataset):
+def other_checker(args, reward_fn):
+    """The checker of data without one of its own: --reward_fn's function (its constant answers then show in the
+    evaluations, as in the closing one), else None."""
+    return None if reward_fn is None else reward_fn_checker(reward_fn, args.reward_fn)
+
+
+def validation_prompts(args, eval_dataset, reward_fn=None):
     """(prompts, checker) --eval_interval scores with --load_best_model_at_end, the first --eval_prompts: questions
     never trained on and, for data with held-out questions (the built-in task, reasoning-gym specs), apart from them,
     scored by the same checker: a reasoning-gym spec's whole eval part, else the prompts of step 3's eval split
@@ -277,7 +284,7 @@ def validation_prompts(args, eval_dataset):
     if not prompts:
         raise ConfigError(f"--load_best_model_at_end: {args.data_path} has no eval split to pick the best actor on "
                           "(--data_split gives it a share)")
-    return prompts, heldout_set(args.data_path)[1] if has_checker(args.data_path) else None
+    return prompts, heldout_set(args.data_path)[1] if has_checker(args.data_path) else other_checker(args, reward_fn)
 
 
 def selection_score(evaluation):

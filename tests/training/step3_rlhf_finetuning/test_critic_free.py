@@ -484,3 +484,20 @@ def test_metrics_summarize_the_first_and_last_eval_with_what_the_answers_were():
         (5, 9)
     assert metrics["heldout_greedy_top_answer_share_end"] == 0.5 and metrics["heldout_greedy_hit_limit_start"] == 1
     assert not [key for key in metrics if key.startswith("heldout_greedy_best_constant")]  # no checker: none
+
+
+def test_eval_interval_scores_the_users_data_with_its_reward_function():
+    """Data without a checker of its own: --eval_interval scores its eval split with --reward_fn's function, as the
+    closing evaluation does (so that its best constant answer is there too); without one, the mean reward alone."""
+    from training.step3_rlhf_finetuning.main import heldout_prompts, validation_prompts
+
+    args = argparse.Namespace(data_path=["/data/questions.jsonl"], eval_prompts=5, reward_fn="builtin",
+                              load_best_model_at_end=False)
+    samples = [{"prompt": prompt} for prompt in PROMPTS]
+    answers = [" 19", " cat"]
+    for choose in (heldout_prompts, validation_prompts):
+        prompts, checker = choose(args, samples, builtin_reward_fn)
+        assert prompts == PROMPTS
+        assert checker.scores(prompts, answers) == builtin_reward_fn(PROMPTS, answers)
+        assert checker(prompts, answers) == {"all": sum(builtin_reward_fn(PROMPTS, answers)) / 2}
+        assert choose(args, samples)[1] is None
