@@ -58,9 +58,7 @@ class Checker:
 
 def answer_scores(checker, prompts, answers):
     """Each answer's score by `checker` (a Checker, or a plain function: one call per answer)."""
-    if isinstance(checker, Checker):
-        return checker.scores(prompts, answers)
-    return [float(checker([prompt], [answer])["all"]) for prompt, answer in zip(prompts, answers)]
+    return (checker if isinstance(checker, Checker) else Checker(checker, None)).scores(prompts, answers)
 
 
 def reward_fn_checker(reward_fn, name, key=None):

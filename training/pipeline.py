@@ -106,10 +106,10 @@ STAGES = {
 
 
 PAIR_STAGES = ("reward", "dpo", "orpo")
+"""The stages that train on the data's preference pairs unless --pair-judge makes them from the actor's answers."""
 WHOLE_DATA_SPLIT = "0,0,1"
 """The --data_split of step 3 where no other stage reads the data (prompts alone, a reward function): all of it,
 rather than the 40% of 2,4,4 with the rest unread."""
-"""The stages that train on the data's preference pairs unless --pair-judge makes them from the actor's answers."""
 
 
 @dataclass(frozen=True)

@@ -105,13 +105,13 @@ class DataRows:
         if found is None and not needed:
             return {}
         if found is None:
-            short = " ".join(str(prompt).split())
-            raise DataError(f"{label} reads the data's columns, but the prompt {short[:80]!r} is no row of "
+            raise DataError(f"{label} reads the data's columns, but the prompt {_key(prompt)[:80]!r} is no row of "
                             f"--data_path {' '.join(self.data_paths)}")
         return found
 
 
 def _key(prompt):
+    """A prompt's text as the rows are found by: whitespace not significant."""
     return " ".join(str(prompt).split())
 
 
