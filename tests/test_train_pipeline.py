@@ -824,3 +824,14 @@ def test_sft_data_without_pairs_is_refused_before_any_step_where_a_stage_needs_p
         commands("--data-path", "chats.jsonl", *argv)
     assert f"--data-path chats.jsonl has no preference pairs (a row with a chosen and a rejected answer) for {refused}" \
         in str(err.value)
+
+
+def test_a_file_whose_answers_are_under_unknown_names_is_refused_naming_its_columns_and_flags(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "pairs.jsonl", ({"id": i, "prompt": f"What is {i} + 1?", "better": f"{i + 1}",
+                                            "worse": f"{i + 2}"} for i in range(10)))
+    with pytest.raises(ConfigError) as err:
+        commands("--data-path", "pairs.jsonl")
+    assert str(err.value).endswith("its rows' columns not read as a prompt or an answer: better, id, worse (name "
+                                   "the answers' with --chosen-key and --rejected-key)")
+    assert commands("--data-path", "pairs.jsonl", "--chosen-key", "better", "--rejected-key", "worse")[0]

@@ -12,6 +12,7 @@ stages marked `repeats` run N times, each round from the actor the round before 
 """
 import contextlib
 import importlib
+import json
 import os
 import shlex
 import sys
@@ -252,10 +253,13 @@ def plan(args):
     on_pairs = [name for name in names if name in PAIR_STAGES and STAGES[name].step in getattr(args, "step", (2,))
                 and not own_data]
     if on_pairs and not args.pair_judge and not has_pairs(*data):
+        unread = other_columns(*data)
+        named = (f"; its rows' columns not read as a prompt or an answer: {', '.join(unread)} (name the answers' "
+                 "with --chosen-key and --rejected-key)") if unread else ""
         raise ConfigError(f"--data-path {' '.join(data[0]) or 'builtin'} has no preference pairs (a row with a chosen "
                           f"and a rejected answer) for the {on_pairs[0]} stage of --algorithm {args.algorithm}: give "
                           "pair data, --pair-judge FN to judge the actor's own answers, or a critic-free --algorithm "
-                          "with --reward-fn FN (--step 1 trains SFT alone)")
+                          f"with --reward-fn FN (--step 1 trains SFT alone){named}")
     if args.pair_judge:
         names.insert(next(i for i, name in enumerate(names) if STAGES[name].step == 2), "pairs")
     repeating = [name for name in names if STAGES[name].repeats]
@@ -314,6 +318,22 @@ def has_pairs(data_paths, columns=()):
     has_reference_answers reads it."""
     return _some_row(data_paths, columns,
                      lambda raw, row: raw.get_chosen(row) is not None and raw.get_rejected(row) is not None)
+
+
+def other_columns(data_paths, columns=()):
+    """The columns of the data's first train rows that were not read as a prompt or an answer (a pair whose
+    answers are under names the row shapes do not know), sorted."""
+    from utils.data.raw_datasets import ROW_COLUMNS  # loads datasets: --help and flag errors answer first
+
+    names = set()
+    for raw in _read_data(data_paths, columns)[0]:
+        try:
+            rows = raw.get_train_data()
+            kept = rows[0].get(ROW_COLUMNS) if len(rows) else None
+        except DataError:
+            continue
+        names.update(json.loads(kept) if kept else ())
+    return sorted(names - {"prompt"})
 
 
 def _some_row(data_paths, columns, test):

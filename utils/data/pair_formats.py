@@ -46,6 +46,10 @@ decides which), their columns first renamed to these fields by the --<field>_key
 8. **A list of ranked or scored answers** (`LISTED_SHAPES`): Nectar's `answers` (`{"answer", "rank"}`, 1 the
    best), UltraFeedback's `completions` (`{"response", "overall_score"}`): the best answer is the chosen one, the
    worst the rejected one; all ranked alike is a tie.
+9. **Pairs under other names** (`NAMED_PAIRS`): argilla's `chosen_response` and `rejected_response`, the
+   StackExchange pairs' `response_j` (the better) and `response_k`, OpenAI's fine-tuning form for DPO
+   (`preferred_output` and `non_preferred_output` messages, the prompt's in `input.messages`): read as chosen and
+   rejected, the prompt as in shapes 3 and 7.
 
 A row that the text form cannot hold faithfully is read as unusable, with the reason (`UNUSABLE`), and each step
 skips and counts it: HH dialogues or conversations that differ before their last turn (the answers would carry the
@@ -173,6 +177,12 @@ LISTED_SHAPES = (
 """Shape 8's layouts, one row each; a layout is known by its list's field, where the row has no chosen answer."""
 
 
+NAMED_PAIRS = (("chosen_response", "rejected_response"),  # argilla's UltraFeedback binarized preferences
+               ("response_j", "response_k"),  # StackExchange paired (TRL's StackLLaMA): j is the better
+               ("preferred_output", "non_preferred_output"))  # OpenAI's fine-tuning data for DPO
+"""Shape 9's (chosen, rejected) columns, where a row has neither `chosen` nor `rejected`."""
+
+
 def unusable_row(reason: str) -> dict[str, str | None]:
     return {"prompt": None, "chosen": None, "rejected": None, UNUSABLE: reason}
 
@@ -188,7 +198,7 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
 
 
 def _read_pair(value: dict, where: str) -> dict[str, str | None]:
-    value = _instruction_layout(_listed(_ranked(value, where), where), where)
+    value = _instruction_layout(_named(_listed(_ranked(value, where), where)), where)
     if "label" in value and "completion" in value and "chosen" not in value:  # KTO's unpaired feedback
         return _labelled(value, where)
     if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
@@ -241,6 +251,23 @@ def _ranked(value: dict, where: str) -> dict:
             prompt = value[shape.prompt]  # WebGPT's question is a record whose full_text is the question
             row["prompt"] = prompt["full_text"] if isinstance(prompt, dict) and "full_text" in prompt else prompt
         return row
+    return value
+
+
+def _named(value: dict) -> dict:
+    """A row of shape 9 with its answers as `chosen` and `rejected` (and OpenAI's `input.messages` as its prompt);
+    other rows as they are."""
+    if "chosen" in value or "rejected" in value:
+        return value
+    for chosen, rejected in NAMED_PAIRS:
+        if chosen in value and rejected in value:
+            row = {key: item for key, item in value.items() if key not in (chosen, rejected)}
+            row.update(chosen=value[chosen], rejected=value[rejected])
+            given = row.get("input")
+            if "prompt" not in row and isinstance(given, dict) and "messages" in given:
+                row["prompt"] = given["messages"]
+                del row["input"]
+            return row
     return value
 
 

@@ -521,3 +521,26 @@ def test_bad_or_tied_ranked_lists(row, outcome):
     with pytest.raises(DataError) as err:
         read_pair(row, WHERE)
     assert str(err.value) == f"{WHERE}: {message}"
+
+
+@pytest.mark.parametrize("row, expected", [
+    # argilla's UltraFeedback binarized preferences: an instruction, the answers under their own names, ratings
+    ({"source": "evol", "instruction": "Name a prime.", "chosen_response": "7", "chosen_rating": 5,
+      "rejected_response": "8", "rejected_rating": 1},
+     {"prompt": " Human: Name a prime. Assistant:", "chosen": " 7", "rejected": " 8"}),
+    # StackExchange paired: response_j is the better answer to the question
+    ({"qid": 3, "question": "How do I sort a list?", "date": "2020", "metadata": ["u"],
+      "response_j": "Use sorted(xs).", "response_k": "You cannot."},
+     {"prompt": " Human: How do I sort a list? Assistant:", "chosen": " Use sorted(xs).", "rejected": " You cannot."}),
+    # OpenAI's fine-tuning form for DPO: the prompt's messages under input, one assistant message each
+    ({"input": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
+                "tools": [], "parallel_tool_calls": True},
+      "preferred_output": [{"role": "assistant", "content": "Hello."}],
+      "non_preferred_output": [{"role": "assistant", "content": "Go away."}]},
+     {"prompt": " Human: Be brief.\n\nHi? Assistant:", "chosen": " Hello.", "rejected": " Go away."}),
+    # a row that also names chosen and rejected keeps them: the other names are other columns
+    ({"prompt": "q", "chosen": "a", "rejected": "b", "response_j": "c", "response_k": "d"},
+     {"prompt": "q", "chosen": "a", "rejected": "b"}),
+])
+def test_pairs_under_other_names_read_as_chosen_and_rejected(row, expected):
+    assert read_pair(row, WHERE) == expected
