@@ -22,7 +22,7 @@ from utils.model.save import trained_answer_length
 from utils.runtime.args import ArgumentParser, add_generation_args, add_tool_args, check_flag_ranges
 from utils.runtime.dist import quiet_transformers
 from utils.runtime.ds_utils import choose_dtype
-from utils.runtime.errors import ChatRLHFError, cli_entry
+from utils.runtime.errors import ChatRLHFError, cli_entry, one_line
 from utils.runtime.tool_format import tool_use
 
 CLEAR, QUIT = "clear", "quit"
@@ -201,8 +201,3 @@ def answer_turn(bot, user, show_prompt):
         print(f"(answer cut at --max_new_tokens {bot.decoding['max_new_tokens']} before its end; give a larger "
               "--max_new_tokens for longer answers)", file=sys.stderr, flush=True)
     return answer
-
-
-def one_line(text):
-    """An answer on a single line (for piped output: one answer per line)."""
-    return " ".join(text.split())

@@ -9,6 +9,7 @@ import pytest
 from inference import chatbot
 from inference.chatbot import ChatBot
 from inference.generation import generate, max_prompt_tokens, tokenize_prompts
+from utils.runtime.errors import one_line
 from utils.data import builtin_task as task
 from utils.data.prompting import format_turns
 
@@ -82,7 +83,7 @@ def test_prompt_mode_prints_the_answer_and_exits_0(tiny):
     assert result.returncode == 0, result.stderr
     model, tokenizer = tiny
     expected = generate(model, tokenizer, [format_turns(tokenizer, [(Q1, None)])], max_new_tokens=8, greedy=True)
-    assert result.stdout == chatbot.one_line(ChatBot(*tiny).clean_answer(expected[0])) + "\n"
+    assert result.stdout == one_line(ChatBot(*tiny).clean_answer(expected[0])) + "\n"
 
 
 def test_an_answer_cut_at_max_new_tokens_gets_a_note_on_stderr(tiny, monkeypatch, capsys):
@@ -123,7 +124,7 @@ def test_the_answer_length_defaults_to_the_one_the_model_was_trained_to(tiny, tm
     prompt = [format_turns(tokenizer, [(Q1, None)])]
     three, eight = (generate(model, tokenizer, prompt, max_new_tokens=n, greedy=True)[0] for n in (3, 8))
     assert three != eight  # the untrained tiny model does not stop by itself within 8 tokens
-    assert result.stdout == chatbot.one_line(ChatBot(*tiny).clean_answer(three)) + "\n"
+    assert result.stdout == one_line(ChatBot(*tiny).clean_answer(three)) + "\n"
 
 
 def test_stdin_mode_is_one_conversation_with_clear_and_quit():

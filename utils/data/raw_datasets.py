@@ -103,12 +103,7 @@ BUILTIN_SEED = 1234
 BUILTIN_FILES = ("train.json", "eval.json", "heldout.json", "unsup.txt")
 
 
-from utils.runtime.errors import ConfigError, DataError  # noqa: E402  (re-exported: callers catch it from here)
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+from utils.runtime.errors import ConfigError, DataError, one_line  # noqa: E402  (re-exported: callers catch it from here)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -200,7 +195,7 @@ def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError kinds for a damaged file
-        raise DataError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
+        raise DataError(f"{path}: not a readable Parquet file ({one_line(exc, 200)})") from None
     return [(value, f"row {i}") for i, value in enumerate(table.to_pylist())]
 
 
@@ -390,7 +385,7 @@ def load_hub(name: str) -> datasets.DatasetDict:
     except Exception as exc:  # offline / not found / any hub failure: one line for the user
         raise DataError(
             f"data set '{name}' could not be downloaded from the Hugging Face hub nor read from its cache "
-            f"({type(exc).__name__}: {_one_line(exc, 160)}); offline, a data set in the Hugging Face cache, a "
+            f"({type(exc).__name__}: {one_line(exc, 160)}); offline, a data set in the Hugging Face cache, a "
             f"save_to_disk folder, a local path (a directory with train.json and eval.json, or a .json/.jsonl "
             f"file) or 'builtin' works"
         ) from exc
@@ -796,7 +791,7 @@ class LoadedDataset(ShapedRows, RawDataset):
             loaded = datasets.load_from_disk(os.path.expanduser(path))
         except Exception as exc:  # a damaged folder: its JSON or Arrow files
             raise DataError(f"{path}: not a readable save_to_disk folder ({type(exc).__name__}: "
-                            f"{_one_line(exc, 160)})") from None
+                            f"{one_line(exc, 160)})") from None
         return cls(path, loaded, seed, columns, chosen_splits)
 
 

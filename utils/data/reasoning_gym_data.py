@@ -65,7 +65,7 @@ import datasets
 from utils.data.prompting import text_prompt
 from utils.data.prompting import parse_dialogue
 from utils.data.raw_datasets import RawDataset
-from utils.runtime.errors import ConfigError, DataError
+from utils.runtime.errors import ConfigError, DataError, one_line
 from utils.runtime.tool_format import ToolFormat
 
 PREFIX = "reasoning_gym:"
@@ -501,23 +501,19 @@ def gym_data(spec: str) -> GymData:
 # --------------------------------------------------------------------------- the verifier
 
 
-def _normalize(text: str) -> str:
-    return " ".join(text.split())
-
-
 class Verifier:
     """Scores answers to the questions of a spec with each task's own `score_answer`."""
 
     def __init__(self, items: list[Item]):
-        self.index = {_normalize(item.user_text): item for item in items}
+        self.index = {one_line(item.user_text): item for item in items}
         self._by_length = sorted(self.index, key=len, reverse=True)
 
     def item(self, prompt: str) -> Item:
         """The question a prompt asks: a data-set prompt (" Human: ... Assistant:"), the bare user text, or a
         prompt in a model's chat format (found as the longest known user text it contains). Whitespace is not
         significant. A prompt of no known question is a DataError."""
-        text = _normalize(prompt)
-        found = self.index.get(text) or self.index.get(_normalize(parse_dialogue(prompt)[-1][0]))
+        text = one_line(prompt)
+        found = self.index.get(text) or self.index.get(one_line(parse_dialogue(prompt)[-1][0]))
         if found is None:
             found = next((self.index[key] for key in self._by_length if key in text), None)
         if found is None:

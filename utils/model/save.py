@@ -10,7 +10,7 @@ from pathlib import Path
 from utils.model.lora import fuse_lora_state_dict, has_lora
 from utils.model.model_utils import read_json_object
 from utils.runtime.dist import barrier
-from utils.runtime.errors import ChatRLHFError, interrupts_deferred
+from utils.runtime.errors import ChatRLHFError, error_line, interrupts_deferred
 from utils.runtime.paths import honour_umask, make_temp_dir_beside, replace_dir
 from utils.runtime.progress import is_rank_0
 
@@ -121,7 +121,7 @@ def _not_finite(state_dict, output_dir):
 def _saved_elsewhere(write, output_dir, err):
     """The error line of a save into `output_dir` that failed with `err`: the model written by `write(folder)`
     into a new folder of the temporary directory instead, named; or why that failed too."""
-    why = " ".join(f"{type(err).__name__}: {err}".split())
+    why = error_line(err)
     fallback = Path(tempfile.mkdtemp(prefix=f"chatrlhf-unsaved-{Path(output_dir).name}-"))
     try:
         write(fallback)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 
-from utils.runtime.errors import ConfigError, DataError
+from utils.runtime.errors import ConfigError, DataError, one_line
 
 TRL = ("prompts", "completions")
 """TRL's form's two lists, by keyword: a function with a parameter `completions` is in TRL's form (ours takes
@@ -93,7 +93,7 @@ class DataRows:
                         prompt = raw.get_prompt(row)
                         columns = row_columns(row)
                         if prompt is not None:
-                            rows.setdefault(_key(prompt), columns)
+                            rows.setdefault(one_line(prompt), columns)
                         names.update(dict.fromkeys(columns))
             self._rows, self.names = rows, list(names)
         return self._rows
@@ -101,18 +101,13 @@ class DataRows:
     def row(self, prompt, label, needed=True):
         """The columns of the row whose prompt is `prompt`: a DataError naming `label` if there is none and the
         function `needed` one of its columns (a function that takes `**kwargs` alone gets no column then)."""
-        found = self.read().get(_key(prompt))
+        found = self.read().get(one_line(prompt))
         if found is None and not needed:
             return {}
         if found is None:
-            raise DataError(f"{label} reads the data's columns, but the prompt {_key(prompt)[:80]!r} is no row of "
+            raise DataError(f"{label} reads the data's columns, but the prompt {one_line(prompt)[:80]!r} is no row of "
                             f"--data_path {' '.join(self.data_paths)}")
         return found
-
-
-def _key(prompt):
-    """A prompt's text as the rows are found by: whitespace not significant."""
-    return " ".join(str(prompt).split())
 
 
 def check_columns(call, rows, label):

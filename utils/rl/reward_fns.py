@@ -48,7 +48,7 @@ from utils.data.builtin_task import score_answer
 from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
 from utils.rl.reward_columns import ColumnCall, DataRows, check_columns, with_columns
 from utils.runtime.args import column_keys
-from utils.runtime.errors import ChatRLHFError, ConfigError
+from utils.runtime.errors import ChatRLHFError, ConfigError, error_line
 
 REWARD_FN_TIMEOUT = 600.0
 """Seconds one call of a reward function (or the import of its module) may take before the run stops with an
@@ -127,7 +127,7 @@ def _import_function(spec, flag="--reward_fn"):
         if isinstance(module, ChatRLHFError):
             raise module
         # the user's module failed to import: say which and why, in one line
-        raise ConfigError(f"{flag} {spec}: cannot import {location}: {_raised(module)}")
+        raise ConfigError(f"{flag} {spec}: cannot import {location}: {error_line(module)}")
     function = getattr(module, attribute, None)
     if not callable(function):
         raise ConfigError(f"{flag} {spec}: {location} has no function {attribute!r}")
@@ -244,7 +244,7 @@ def call_reward_fn(reward_fn, name, prompts, answers, flag="--reward_fn"):
         raise ChatRLHFError(f"{what} did not return within {timeout:g} s ({TIMEOUT_VARIABLE} sets the limit)")
     if outcome == RAISED:
         raise ChatRLHFError(f"{what} did not return a list of numbers ({values})" if isinstance(values, _NotANumber)
-                            else f"{what} raised {_raised(values)}")
+                            else f"{what} raised {error_line(values)}")
     if len(values) != len(answers):
         raise ChatRLHFError(f"{what} returned {len(values)} values for {len(answers)} answers")
     rewards = torch.tensor(values, dtype=torch.float32)
@@ -254,12 +254,6 @@ def call_reward_fn(reward_fn, name, prompts, answers, flag="--reward_fn"):
         raise ChatRLHFError(f"{what} returned {values[index]!r} for answer {index}: rewards must be finite numbers "
                             f"in float32, the dtype training uses (|r| < {torch.finfo(torch.float32).max:.3g})")
     return rewards
-
-
-def _raised(err):
-    """`Type: message` of an exception user code raised (SystemExit: its exit code)."""
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _short(value, limit=40):

@@ -10,6 +10,18 @@ import sys
 import threading
 
 
+def one_line(text, limit=None):
+    """`text` on one line, its whitespace runs as single spaces (cut to `limit` characters with "...")."""
+    text = " ".join(str(text).split())
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+
+
+def error_line(err):
+    """`Type: message` of an exception, on one line (the type alone when it has no message)."""
+    text = one_line(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
 class ChatRLHFError(Exception):
     """A problem with the user's input (a flag, a file, a model folder). Its message is one line naming it."""
 

@@ -41,7 +41,7 @@ import torch
 from utils.data.data_utils import KNOWN_NAMES
 from utils.model.save import gather_state_dict, load_safetensors, release_prefetched, save_safetensors
 from utils.runtime.dist import barrier, print_rank_0
-from utils.runtime.errors import ChatRLHFError, ConfigError, interrupt_hint, interrupts_deferred, on_exit
+from utils.runtime.errors import ChatRLHFError, ConfigError, error_line, interrupt_hint, interrupts_deferred, on_exit
 from utils.runtime.paths import (claim_folder, delete_leftovers, make_temp_dir_beside, replace_dir,
                                  write_file_atomic)
 from utils.runtime.progress import is_rank_0
@@ -373,7 +373,7 @@ class Checkpointer:
             last = latest_checkpoint(self.root)
             kept = (f"the last complete checkpoint, {last}, is kept: free some space and resume with --resume"
                     if last is not None else "there is no earlier checkpoint: free some space and run again")
-            raise ChatRLHFError(f"could not write the checkpoint {target} ({_one_line(err)}); {kept}") from None
+            raise ChatRLHFError(f"could not write the checkpoint {target} ({error_line(err)}); {kept}") from None
         finally:
             if rank == 0 and tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -546,11 +546,6 @@ def _broadcast(value):
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _one_line(err):
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _write_json(path, value):

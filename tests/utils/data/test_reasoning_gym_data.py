@@ -13,7 +13,7 @@ pytest.importorskip("reasoning_gym")
 from utils.data import reasoning_gym_data as rg  # noqa: E402
 from utils.data.data_utils import get_raw_dataset  # noqa: E402
 from utils.data.prompting import parse_dialogue  # noqa: E402
-from utils.runtime.errors import ConfigError, DataError  # noqa: E402
+from utils.runtime.errors import ConfigError, DataError, one_line  # noqa: E402
 
 SIZE = 12  # 10 train, 1 eval, 1 held out
 FAST_TASKS = {  # task -> what check_task must find
@@ -220,7 +220,7 @@ def test_steps_data_sft_targets_pairs_and_prompts(tmp_path, tiny_tokenizer):
 
     spec = "reasoning_gym:chain_sum?max_terms=2&size=100"
     data = rg.gym_data(spec)
-    heldout = {rg._normalize(item.user_text) for item in data.parts["heldout"]}
+    heldout = {one_line(item.user_text) for item in data.parts["heldout"]}
     eos = tiny_tokenizer.eos_token_id
 
     def split(ids):
@@ -235,7 +235,7 @@ def test_steps_data_sft_targets_pairs_and_prompts(tmp_path, tiny_tokenizer):
     for sample in phases[1]:
         prompt_len = sum(label == IGNORE_INDEX for label in sample["labels"])
         prompt, answer = split(sample["input_ids"])
-        assert rg._normalize(parse_dialogue(prompt)[-1][0]) not in heldout
+        assert one_line(parse_dialogue(prompt)[-1][0]) not in heldout
         assert data.verifier.score([prompt], [answer]) == [1.0]
         assert sample["input_ids"][-1] == eos and prompt_len < len(sample["input_ids"])
     for sample in phases[2]:

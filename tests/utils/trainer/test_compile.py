@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 STEP1 = ROOT / "training" / "step1_supervised_finetuning" / "main.py"
