@@ -273,9 +273,11 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
                              answers of it; "all": the best one answer to every question, among each group's best
                              MODEL_CANDIDATES constants and the model's most frequent answers
         best_constant_answer that answer
-        scored_as_constant   the share of the answers that earn what best_constant_answer earns on their question:
-                             at least ALIKE_SHARE, the model answers as that one answer would, however worded (0
-                             where that answer earns the same on every question: agreeing with it tells nothing)
+        scored_as_constant   the share of the answers that earn what best_constant_answer earns on their question,
+                             the lesser of that share on the questions where that answer earns more than its least
+                             and on the others: at least ALIKE_SHARE, the model answers as that one answer would,
+                             however worded (0 where that answer earns the same on every question: agreeing with
+                             it tells nothing; and a model that fails where the constant answer earns is not one)
         pass_at_k            the share of the questions that at least one of their k answers (k: the rounds)
                              solves, scored 1 by a task's `checker` (one with `key`): with k > 1, what sampling
                              finds and RL can reinforce (a greedy decoding's pass@1 is its share of full marks)
@@ -337,10 +339,13 @@ def answer_stats(prompts, answers, checker=None, constant_scores=None):
     for group, indices in groups.items():
         constant = answer_scores(checker, [prompts[i] for i in indices],
                                  [stats["best_constant_answer"][group]] * len(indices))
-        earns = dict(zip(indices, constant))
-        alike = [value == earns[i % len(prompts)] for i, value in enumerate(scores) if i % len(prompts) in earns]
-        varies = len(set(constant)) > 1  # else agreeing with it says nothing (every answer wrong, as it is)
-        stats["scored_as_constant"][group] = sum(alike) / len(alike) if varies else 0.0
+        earns, least = dict(zip(indices, constant)), min(constant)
+        shares = []
+        for hit in (True, False):  # where the constant answer earns more than its least, and where it does not
+            alike = [value == earns[i % len(prompts)] for i, value in enumerate(scores)
+                     if i % len(prompts) in earns and (earns[i % len(prompts)] > least) == hit]
+            shares.append(sum(alike) / len(alike) if alike else 0.0)
+        stats["scored_as_constant"][group] = min(shares)  # 0 where it earns the same everywhere: no hit to agree on
     stats = {name: {group: values[group] for group in groups if group in values} for name, values in stats.items()}
     return {**stats, "k": rounds, "answers": len(answers)}
 

@@ -178,7 +178,11 @@ def test_answers_worded_apart_that_score_as_one_answer_does_are_a_constant_answe
     assert constant_likeness(stats).startswith("100% of the answers earn what ")
     right = [f"In {prompt[-8:-1]} it appears {truth[prompt]}" for prompt in prompts]
     right_stats = answer_stats(prompts, right, checker)
-    assert right_stats["scored_as_constant"]["all"] == pytest.approx(1 / 3)
+    assert right_stats["scored_as_constant"]["all"] == 0.0  # alike where "1" is right, never where it is wrong
     assert not scores_as_a_constant(checker(prompts, right)["all"], right_stats)
-    wrong = [f"In {prompt[-8:-1]} it appears 0" for prompt in prompts]  # every answer wrong, as every constant
-    assert answer_stats(prompts[:3], wrong[:3], checker)["scored_as_constant"]["all"] == 0.0
+    wrong = [f"In {prompt[-8:-1]} it appears 0" for prompt in prompts]
+    assert answer_stats(prompts[:3], wrong[:3], checker)["scored_as_constant"]["all"] == 0.0  # every constant fails
+    # Every answer wrong where "1" is right (two thirds alike, where both fail): failing is not a constant answer.
+    assert answer_stats(prompts, wrong, checker)["scored_as_constant"]["all"] == 0.0
+    mostly = echoes[:27] + right[27:]  # "1" but for three questions, one of them where "1" was right: still one
+    assert answer_stats(prompts, mostly, checker)["scored_as_constant"]["all"] == pytest.approx(18 / 20)
