@@ -139,11 +139,12 @@ DATA_RECIPES = {
         "grpo_reward_fn": SMOLLM2_VERIFIED_RL,
         "train_reward_fn": ["--time-budget", "27"],
     },
-    # The tiny model on the user's own data: lengths from the data (its recipe's 64 suits the built-in task only).
-    ("tiny", "user"): {
+    # The tiny model on the user's own data and on reasoning-gym tasks: lengths from the data (its recipe's 64 suits
+    # the built-in task only: a graph_color prompt is 363 tokens).
+    **dict.fromkeys((("tiny", "user"), ("tiny", "reasoning_gym")), {
         **dict.fromkeys((1, 2, "dpo", "kto", "orpo"), ["--max_seq_len", "auto"]),
         3: ["--max_prompt_seq_len", "auto", "--max_answer_seq_len", "auto"],
-    },
+    }),
 }
 """Flags for (model family, data kind), after the model's recipe: data kinds are those of `data_kind`."""
 

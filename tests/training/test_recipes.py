@@ -59,13 +59,14 @@ def test_the_data_recipe_is_the_one_of_the_runs_data():
     assert data_kind(None) is data_kind([]) is data_kind(["builtin"]) is None
     assert data_kind(rg + ["builtin"]) == data_kind(["/data/hh"]) == data_kind(["Dahoas/rm-static"]) == "user"
     assert len(recipe_flags("smollm2-135m", 1, rg)) > len(recipe_flags("smollm2-135m", 1, ["builtin"]))
-    assert recipe_flags("tiny", 1, rg) == recipe_flags("tiny", 1)  # no reasoning-gym recipe for the tiny model
-    # the user's own data: every length from the data, whatever the model
+    # the user's own data and reasoning-gym tasks: every length from the data, whatever the model (the tiny
+    # recipe's 64 tokens would drop every graph_color prompt)
     for model in ("tiny", "smollm2-135m"):
-        args = step_parser(1)(REQUIRED[1] + recipe_flags(model, 1, ["/data/hh"]))
-        assert args.max_seq_len == "auto"
-        args = step_parser(3)(REQUIRED[3] + recipe_flags(model, 3, ["/data/hh"]))
-        assert args.max_prompt_seq_len == args.max_answer_seq_len == "auto"
+        for data in (["/data/hh"], rg):
+            args = step_parser(1)(REQUIRED[1] + recipe_flags(model, 1, data))
+            assert args.max_seq_len == "auto"
+            args = step_parser(3)(REQUIRED[3] + recipe_flags(model, 3, data))
+            assert args.max_prompt_seq_len == args.max_answer_seq_len == "auto"
     # train.py's critic-free stage on reasoning-gym data: lengths from the data, the verifier's held-out curve.
     flags = recipe_flags("smollm2-135m", 3, rg) + recipe_flags("smollm2-135m", "grpo", rg)
     args = step_parser(3)(["--actor_model_name_or_path", "a", "--output_dir", "out", "--advantage_estimator", "grpo",
