@@ -326,7 +326,7 @@ def other_columns(data_paths, columns=()):
     from utils.data.raw_datasets import ROW_COLUMNS  # loads datasets: --help and flag errors answer first
 
     names = set()
-    for raw in _read_data(data_paths, columns)[0]:
+    for raw in _read_data(data_paths, columns, os.getcwd())[0]:
         try:
             rows = raw.get_train_data()
             kept = rows[0].get(ROW_COLUMNS) if len(rows) else None
@@ -339,7 +339,7 @@ def other_columns(data_paths, columns=()):
 def _some_row(data_paths, columns, test):
     """Whether a row of the data's train splits passes `test(raw, row)`; True where the data's reading needs the
     network (DeepSpeed-Chat's hub names) or is the built-in task."""
-    readable, unread = _read_data(data_paths, columns)
+    readable, unread = _read_data(data_paths, columns, os.getcwd())
     if unread:
         return True
 
@@ -353,9 +353,9 @@ def _some_row(data_paths, columns, test):
 
 
 @lru_cache(maxsize=None)
-def _read_data(data_paths, columns=()):
-    """(the raw data sets of `data_paths`, columns renamed by `columns`, read once; whether a path is a kind not
-    read here: DeepSpeed-Chat's hub names, builtin)."""
+def _read_data(data_paths, columns=(), cwd=None):
+    """(the raw data sets of `data_paths`, columns renamed by `columns`, read once per working directory `cwd`, in
+    which relative paths are read; whether a path is a kind not read here: DeepSpeed-Chat's hub names, builtin)."""
     from utils.data.data_utils import get_raw_dataset  # loads datasets: --help and flag errors answer first
     from utils.data.raw_datasets import HUB_DATASETS
 
