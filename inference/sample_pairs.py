@@ -2,7 +2,8 @@
 
 For each prompt of step 2's part of --data_path (train and eval splits), --samples_per_prompt answers sampled from
 --model_name_or_path are scored by --reward_fn; the best-scored answer is chosen, the worst-scored rejected, and a
-prompt whose answers all score the same is skipped (utils/data/sampled_pairs.py). The pairs go to
+prompt whose answers all score the same is skipped (utils/data/sampled_pairs.py; where every prompt of a split is,
+the split takes the data set's own pairs of its prompts, and says so). The pairs go to
 <output_dir>/train.jsonl and eval.jsonl, with the settings and counts in meta.json; steps 2 and DPO read the
 folder as a local data set, on all of it with `--data_path <output_dir> --data_split 0,1`.
 
@@ -20,8 +21,8 @@ import time
 from inference.generation import DEFAULT_MAX_NEW_TOKENS, generate, load_causal_lm, trained_max_new_tokens
 from utils.data.prompting import model_prompt
 from utils.data.data_utils import KNOWN_NAMES
-from utils.data.sampled_pairs import (META_FILE, PAIRS_DATA_SPLIT, SPLITS, PairCounts, is_complete, judged_pairs,
-                                      part_prompts, write_pairs)
+from utils.data.sampled_pairs import (META_FILE, PAIRS_DATA_SPLIT, SPLITS, PairCounts, data_pairs, is_complete,
+                                      judged_pairs, part_rows, write_pairs)
 from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.model.save import atomic_dir
 from utils.rl.reward_fns import call_reward_fn, load_reward_fn
@@ -118,9 +119,9 @@ def main(argv=None):
     check_own_pairs(out)
     delete_leftovers(out)
     reward_fn = load_reward_fn(args.reward_fn, args)  # a wrong judge fails before any answer is sampled
-    prompts = {split: part_prompts(args.data_path, args.data_split, args.train_phase, args.seed,
-                                   args.data_output_path, split, column_keys(args))[:args.max_prompts]
-               for split in SPLITS}
+    parts = {split: part_rows(args.data_path, args.data_split, args.train_phase, args.seed, args.data_output_path,
+                              split, column_keys(args))[:args.max_prompts] for split in SPLITS}
+    prompts = {split: [prompt for prompt, _, _ in parts[split]] for split in SPLITS}
     for split in SPLITS:
         if not prompts[split]:
             raise DataError(f"--data_path {' '.join(args.data_path)} has no {split} prompts in part "
@@ -144,6 +145,11 @@ def main(argv=None):
         scores = call_reward_fn(reward_fn, args.reward_fn, answered, answers).tolist()
         counts[split] = PairCounts()
         rows[split] = judged_pairs(prompts[split], answers, scores, counts[split])
+        if not rows[split]:  # an actor that fails (or solves) every question alike: the data's own pairs instead
+            rows[split] = data_pairs(parts[split], counts[split])
+            if rows[split]:
+                print(f"WARNING: no {split} prompt's answers scored apart; its {len(rows[split])} pairs are the "
+                      "data set's own", flush=True)
         print(counts[split].summary(split), flush=True)
     with atomic_dir(out) as tmp:  # the folder's earlier pairs until the new ones are whole (a full disk keeps them)
         write_pairs(tmp, rows, settings, counts)

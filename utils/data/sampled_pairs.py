@@ -8,6 +8,9 @@ For each prompt, K sampled answers a_1..a_K with judge scores r_1..r_K:
 
 and a prompt whose K scores are all equal (max_k r_k = min_k r_k) gives no pair: it carries no preference.
 Empty answers (EOS first) are left out of the K before choosing: the local data format refuses empty strings.
+Where no prompt of a split gives a pair (an actor that fails, or solves, every question alike), the split takes
+the data set's own pairs of those prompts instead, where it has them (`data_pairs`, counted and said), so that a
+task the actor cannot yet do still trains a reward model rather than ending the run.
 
 The pairs are written as a local data folder (`train.jsonl`, `eval.jsonl`: the pairs of the prompts of the train
 and of the eval split) that `--data_path <folder>` reads in steps 2 and DPO; `meta.json`, written last, holds the
@@ -45,6 +48,7 @@ class PairCounts:
     all_equal: int = 0
     too_few_answers: int = 0
     empty_answers: int = 0
+    from_data: int = 0  # pairs the data set gave (data_pairs), counted in `pairs` too
     score_sum: float = 0.0
     answers: int = 0
 
@@ -55,12 +59,14 @@ class PairCounts:
     def summary(self, what):
         return (f"{what}: {self.prompts} prompts, {self.pairs} pairs kept, {self.all_equal} skipped (all scores "
                 f"equal), {self.too_few_answers} skipped (fewer than 2 non-empty answers), {self.empty_answers} "
-                f"empty answers left out; mean score {self.mean_score:.3f} over {self.answers} answers")
+                f"empty answers left out; mean score {self.mean_score:.3f} over {self.answers} answers"
+                + (f"; {self.from_data} pairs are the data set's own (no prompt's answers scored apart)"
+                   if self.from_data else ""))
 
     def as_dict(self):
         return {"prompts": self.prompts, "pairs": self.pairs, "skipped_all_equal": self.all_equal,
                 "skipped_too_few_answers": self.too_few_answers, "empty_answers": self.empty_answers,
-                "mean_score": self.mean_score}
+                "pairs_from_data": self.from_data, "mean_score": self.mean_score}
 
 
 def judged_pairs(prompts, answers, scores, counts):
@@ -89,11 +95,22 @@ def judged_pairs(prompts, answers, scores, counts):
     return rows
 
 
-def part_prompts(data_paths, data_split, train_phase, seed, output_path, split_name, columns=None):
-    """The prompts of part `train_phase` of `data_split` of each data set's `split_name` split (its columns renamed
-    by `columns`: get_raw_dataset), in the order the step of that phase reads its rows
-    (`utils.data.data_utils.split_part_indices`)."""
-    prompts = []
+def data_pairs(rows, counts):
+    """The data set's own pair rows {"prompt", "chosen", "rejected"} of `rows` ((prompt, chosen, rejected) of
+    `part_rows`, answers None where a row has none): what a split whose sampled answers gave no pair trains on.
+    `counts` (PairCounts) counts them in `pairs` and `from_data`."""
+    pairs = [{"prompt": prompt, "chosen": chosen, "rejected": rejected} for prompt, chosen, rejected in rows
+             if chosen is not None and rejected is not None and chosen != rejected]
+    counts.pairs += len(pairs)
+    counts.from_data += len(pairs)
+    return pairs
+
+
+def part_rows(data_paths, data_split, train_phase, seed, output_path, split_name, columns=None):
+    """(prompt, chosen, rejected) of each row of part `train_phase` of `data_split` of each data set's `split_name`
+    split (its columns renamed by `columns`: get_raw_dataset; answers None where a row has none), in the order the
+    step of that phase reads its rows (`utils.data.data_utils.split_part_indices`); rows without a prompt left out."""
+    found = []
     for data_path in data_paths:
         raw = get_raw_dataset(data_path, seed, columns)
         rows = raw.get_train_data() if split_name == "train" else raw.get_eval_data()
@@ -101,8 +118,9 @@ def part_prompts(data_paths, data_split, train_phase, seed, output_path, split_n
             continue
         part = split_part_indices(output_path, raw.clean_name, seed, split_name, data_split, train_phase - 1,
                                   len(rows))
-        prompts += [prompt for prompt in map(raw.get_prompt, rows.select(part.tolist())) if prompt]
-    return prompts
+        found += [(prompt, raw.get_chosen(row), raw.get_rejected(row)) for row in rows.select(part.tolist())
+                  if (prompt := raw.get_prompt(row))]
+    return found
 
 
 def read_meta(folder):

@@ -120,8 +120,10 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
         pairs = _load(Path(folder) / "meta.json") if stage == "pairs" else None
         if pairs:
             train = pairs.get("counts", {}).get("train", {})
+            own = f", {train['pairs_from_data']} of them the data set's own" if train.get("pairs_from_data") else ""
             rows.append((f"2 sampled pairs{label}", "train pairs kept / prompts (mean judge score of the answers)",
-                         f"{train.get('pairs', '-')} / {train.get('prompts', '-')} ({_fmt(train.get('mean_score'))})"))
+                         f"{train.get('pairs', '-')} / {train.get('prompts', '-')} ({_fmt(train.get('mean_score'))}"
+                         f"{own})"))
         dpo = _load(Path(folder) / "metrics.json") if stage == "dpo" else None
         if dpo:
             rows.append((f"2 DPO{label}", "eval preference accuracy (chosen > rejected)",
@@ -137,7 +139,8 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
     for stage, name, metrics in (("ppo", "3 PPO", ppo), ("rl", "3 RL", rl)):
         if metrics:
             rows.append((name, "mean score (first -> last tenth)", _change(metrics, "score_start", "score_end")))
-            rows.append((name, "KL to reference, nats per answer (last tenth)", _fmt(metrics.get("kl_end"))))
+            kl = _fmt(metrics["kl_end"]) if metrics.get("kl_end") is not None else "- (no KL term: no reference model)"
+            rows.append((name, "KL to reference, nats per answer (last tenth)", kl))
             rows.append((name, "answers ending in EOS (last tenth)", _fmt(metrics.get("eos_fraction_end"))))
             if "best_step" in metrics:  # --load_best_model_at_end
                 rows.append((name, "actor saved: its best validation evaluation (score)",

@@ -18,6 +18,10 @@ calls = []
 def by_length(prompts, answers):
     calls.append((list(prompts), list(answers)))
     return [float(len(answer)) for answer in answers]
+
+
+def all_alike(prompts, answers):
+    return [0.0] * len(answers)
 """
 
 
@@ -146,3 +150,27 @@ def test_resume_samples_again_from_a_model_saved_anew_in_the_same_folder(tmp_pat
     weights = next(model.glob("*.safetensors"))
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved again
     assert run_sample_pairs(flags) == 0 and len(judge.calls) == 4  # sampled again
+
+
+def test_a_split_whose_answers_all_score_alike_takes_the_data_sets_own_pairs(tmp_path, data_file, judge_module,
+                                                                            capsys):
+    """An actor that fails every question alike (the judge scores every answer 0) gives no pair; rather than end
+    the run, each split takes the data set's own pairs of its prompts, counted and said."""
+    from utils.data.raw_datasets import read_local_split
+
+    out = tmp_path / "pairs"
+    flags = ["--model_name_or_path", "tiny", "--reward_fn", f"{judge_module}:all_alike", "--output_dir", str(out),
+             "--data_path", data_file, "--data_split", "0,1", "--max_prompts", "6", "--samples_per_prompt", "3",
+             "--max_new_tokens", "4", "--data_output_path", str(tmp_path / "cache"), "--dtype", "fp32"]
+    assert run_sample_pairs(flags) == 0
+    data = {row["prompt"]: row for row in read_local_split(data_file)}
+    meta = json.loads((out / "meta.json").read_text())
+    for split, n in (("train", 6), ("eval", 4)):
+        rows = [json.loads(line) for line in (out / f"{split}.jsonl").read_text().splitlines()]
+        assert len(rows) == n and all(data[row["prompt"]]["chosen"] == row["chosen"] and
+                                      data[row["prompt"]]["rejected"] == row["rejected"] for row in rows)
+        assert meta["counts"][split]["pairs"] == meta["counts"][split]["pairs_from_data"] == n
+        assert meta["counts"][split]["skipped_all_equal"] == n
+    out_text = capsys.readouterr().out
+    assert "WARNING: no train prompt's answers scored apart; its 6 pairs are the data set's own" in out_text
+    assert "6 pairs are the data set's own (no prompt's answers scored apart)" in out_text
