@@ -133,7 +133,8 @@ def ppo_step(trainer, args, batch, timers, shuffler):
     experience = trainer.generate_experience(batch["prompt"], batch["prompt_att_mask"])
     timers.active = False
     stats = trainer.train_round([experience], None, shuffler, train_actor=True)
-    trainer.kl_controller.update(stats["kl"], args.per_device_generation_batch_size * args.generation_batches)
+    if "kl" in stats:
+        trainer.kl_controller.update(stats["kl"], args.per_device_generation_batch_size * args.generation_batches)
     total = time.perf_counter() - start
     parts = {"generation": stats["generate_time"]}
     parts.update({f"experience_{name}": seconds for name, seconds in timers.collect().items()})

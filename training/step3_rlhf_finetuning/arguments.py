@@ -147,7 +147,8 @@ def add_ppo_args(parser):
         help="Rollout sampler: native (inference/sampling.py: a KV-cache loop that drops finished rows, runs a "
              "shared prompt prefix once and draws one uniform per row; faster on CPU) or hf (Hugging Face "
              "generate). Models whose forward takes no position_ids always use hf.")
-    add("--kl_coef", type=float, default=0.1, help="KL penalty coefficient (initial value if adaptive).")
+    add("--kl_coef", type=float, default=0.1, help="KL penalty coefficient (initial value if adaptive); 0, without "
+        "--use_kl_loss: no reference model is made or run (utils/rl/kl.py uses_reference).")
     add("--kl_estimator", type=str, default="k1", choices=tuple(KL_ESTIMATORS),
         help="Per-token estimate of KL(actor || reference) in the reward penalty (Schulman 2020); default "
              "%(default)s. " + registry_help(KL_ESTIMATORS, "utils/rl/kl.py"))

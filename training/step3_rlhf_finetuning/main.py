@@ -171,7 +171,8 @@ def main(argv=None):
             bar.update(args.generation_batches)
             stats = trainer.train_round(experiences, unsup_batches, shuffler,
                                         train_actor=step > args.critic_warmup_steps * args.generation_batches)
-            trainer.kl_controller.update(stats["kl"], rollouts * world_size * args.generation_batches)
+            if "kl" in stats:  # with a reference (utils/rl/kl.py uses_reference)
+                trainer.kl_controller.update(stats["kl"], rollouts * world_size * args.generation_batches)
             stats["kl_coef"] = trainer.kl_controller.value
             stats["entropy_coef"] = trainer.entropy_coef.bonus  # the bonus this round trained with
             trainer.entropy_coef.update(stats.get("entropy"))
@@ -318,7 +319,7 @@ def summarize(history, evaluations, wall_time, prefix="heldout"):
     window = max(1, len(history) // 10)
     first, last = mean_stats(history[:window]), mean_stats(history[-window:])
     metrics = {"score_start": first["score"], "score_end": last["score"], "reward_start": first["reward"],
-               "reward_end": last["reward"], "kl_end": last["kl"], "answer_length_end": last["answer_length"],
+               "reward_end": last["reward"], "kl_end": last.get("kl"), "answer_length_end": last["answer_length"],
                "eos_fraction_end": last["eos_fraction"], "steps": len(history)}
     for when, evaluation in (("start", evaluations[:1]), ("end", evaluations[-1:])):
         for decoding in ("sampled", "greedy"):

@@ -110,3 +110,11 @@ def make_kl_controller(kl_coef: float, adaptive_kl_target: float = 0.0, adaptive
     if adaptive_kl_target > 0:
         return AdaptiveKLController(kl_coef, adaptive_kl_target, adaptive_kl_horizon)
     return FixedKLController(kl_coef)
+
+
+def uses_reference(args) -> bool:
+    """Whether step 3 with these flags has a KL term (in the reward, --kl_coef or its adaptive controller; or as a
+    loss, --use_kl_loss) and so needs the frozen reference model. Without one no reference is made or run, as
+    OpenRLHF and verl make none at a KL coefficient of 0: a forward pass a round and a model's memory saved, and no
+    KL to the reference logged."""
+    return args.kl_coef > 0 or args.adaptive_kl_target > 0 or args.use_kl_loss

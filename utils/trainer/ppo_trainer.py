@@ -163,8 +163,9 @@ class PPOTrainer:
         if self.critic is not None:
             self.critic.train()
         kept = seq.shape[0] > 0  # the mean reward and KL of the answers kept (0 when none is)
-        stats.update(reward=rewards.sum(1).mean().item() if kept else 0.0,
-                     kl=kl.sum(1).mean().item() if kept else 0.0)
+        stats["reward"] = rewards.sum(1).mean().item() if kept else 0.0
+        if self.ref is not None:  # without a reference there is no KL to log
+            stats["kl"] = kl.sum(1).mean().item() if kept else 0.0
         if positive is not None:
             stats["positive_fraction"] = positive.float().mean().item() if kept else 0.0
         return Experience(
@@ -187,7 +188,8 @@ class PPOTrainer:
             self.critic.eval()
         with torch.no_grad():
             logprobs = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len)[picked]
-            ref_logprobs = self.answer_logprobs(self.ref, seq, attention_mask, prompt_len)[picked]
+            ref_logprobs = (logprobs if self.ref is None  # no KL term: a KL of 0 that nothing reads
+                            else self.answer_logprobs(self.ref, seq, attention_mask, prompt_len)[picked])
             values = None
             if self.critic is not None:
                 values = self.answer_values(self.critic.module, seq, attention_mask, prompt_len)[picked]

@@ -1,7 +1,7 @@
 """The four (five with EMA) models of PPO as DeepSpeed engines.
 
     actor      trained; from the step-1 model; a DeepSpeedHybridEngine with --enable_hybrid_engine
-    ref        frozen copy of the step-1 model, for the KL penalty
+    ref        frozen copy of the step-1 model, for the KL penalty (None without a KL term: uses_reference)
     critic     trained; from the step-2 reward model (backbone and value head); GAE only, None for the
                critic-free estimators (--advantage_estimator grpo, rloo, reinforce_pp)
     reward     frozen step-2 reward model; None without --critic_model_name_or_path (a reward function alone)
@@ -15,6 +15,7 @@ import contextlib
 from utils.model.model_utils import create_hf_model
 from utils.model.reward_model import RewardModel
 from utils.rl.estimators import uses_critic
+from utils.rl.kl import uses_reference
 from utils.runtime.dist import print_rank_0
 from utils.runtime.ds_utils import get_train_ds_config, merge_user_ds_config
 from utils.trainer.engine import init_train_engine, prepare_trainable
@@ -90,7 +91,7 @@ class DeepSpeedRLHFEngine:
         self.actor_steps, self.critic_steps = actor_steps, critic_steps
         use_native_generate()
         self.actor = self._init_actor(actor_path)
-        self.ref = self._init_frozen_causal_lm(actor_path, "reference")
+        self.ref = self._init_frozen_causal_lm(actor_path, "reference") if uses_reference(args) else None
         # The EMA is kept in fp32 whatever the run's dtype: in bf16 an update of (1 - beta) x the difference to the
         # actor (beta 0.992) is mostly under half a unit in the last place of the weight, and rounded away.
         self.actor_ema = (self._init_frozen_causal_lm(actor_path, "actor_ema", lora_from=self.actor.module,

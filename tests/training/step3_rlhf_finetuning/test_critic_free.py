@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import gc
 import json
+import math
 import random
 
 import pytest
@@ -115,6 +116,29 @@ def test_critic_free_estimators_create_no_critic_and_no_reward_model_without_one
     with_reward_model = build_engine(*step3_model_dirs, tiny_tokenizer)
     assert with_reward_model.critic is None and with_reward_model.reward is not None
     del with_reward_model
+    gc.collect()
+
+
+def test_without_a_kl_term_no_reference_is_made_and_the_experience_is_the_same(engine, step3_model_dirs,
+                                                                             tiny_tokenizer):
+    """--kl_coef 0 without --use_kl_loss: no reference model (OpenRLHF's and verl's rule), no KL logged, and the
+    experience and the update the same as with a reference whose KL weighs nothing."""
+    no_kl = build_engine(step3_model_dirs[0], None, tiny_tokenizer, "--kl_coef", "0")
+    assert no_kl.ref is None
+    prompts, prompt_mask, texts = prompt_batch(tiny_tokenizer)
+    experiences = []
+    for source in (no_kl, engine):
+        trainer = make_trainer(source, kl_coef=0.0)
+        fake_answers(trainer, tiny_tokenizer)
+        experiences.append(trainer.generate_experience(prompts, prompt_mask, texts))
+    without, with_ref = experiences
+    assert "kl" not in without.stats and "kl" in with_ref.stats
+    for field in ("logprobs", "advantages"):
+        torch.testing.assert_close(getattr(without, field), getattr(with_ref, field))
+    assert without.stats["reward"] == pytest.approx(with_ref.stats["reward"])
+    stats = make_trainer(no_kl, kl_coef=0.0).train_round([without], None, random.Random(0), train_actor=True)
+    assert stats["trained_rows"] == len(ANSWERS) and "kl" not in stats and math.isfinite(stats["actor_loss"])
+    del no_kl
     gc.collect()
 
 

@@ -87,7 +87,7 @@ def test_the_report_counts_each_stages_rows_and_steps(tmp_path):
                 "steps_asked": 0, "total_steps": 4, "epochs_asked": 1},
         "rl": {"train_rows_read": 40, "train_rows_kept": 40, "eval_rows_read": 5, "eval_rows_kept": 5,
                "score_start": 0.25, "score_end": 0.5, "steps_asked": 8, "total_steps": 8, "epochs_asked": 1,
-               "best_step": 6, "best_validation_score": 0.625},
+               "best_step": 6, "best_validation_score": 0.625, "kl_end": None},
     }
     for stage, values in metrics.items():
         (tmp_path / stage).mkdir()
@@ -100,6 +100,7 @@ def test_the_report_counts_each_stages_rows_and_steps(tmp_path):
     assert "| 2 DPO | rows kept (train / eval) | 97 of 100 / 9 of 10 |" in lines
     assert "| 3 RL | rows kept (train / eval) | 40 of 40 / 5 of 5 |" in lines
     assert "| 3 RL | actor saved: its best validation evaluation (score) | step 6 (0.625) |" in lines
+    assert "| 3 RL | KL to reference, nats per answer (last tenth) | - (no KL term: no reference model) |" in lines
     assert not [line for line in lines if "best validation" in line and not line.startswith("| 3 RL")]
     assert not [line for line in lines if "asked" in line and not line.startswith("| 1 SFT")]  # all steps trained
 
