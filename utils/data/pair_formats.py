@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -191,14 +192,20 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
     """{"prompt", "chosen", "rejected"} in the text form from one row of any of the module's shapes (answers None
     where the row has none; all three None and the reason under UNUSABLE for a row the text form cannot hold);
     `where` ("<file>: row 3 (line 4)") starts every error."""
+    value, named = _named(value)
     try:
         return _read_pair(value, where)
     except Unusable as why:
         return unusable_row(str(why))
+    except DataError as err:  # a shape-9 row's errors name its own columns
+        if not named:
+            raise
+        raise DataError(re.sub(r"field '(\w+)'", lambda m: f"field '{named.get(m.group(1), m.group(1))}'",
+                               str(err))) from None
 
 
 def _read_pair(value: dict, where: str) -> dict[str, str | None]:
-    value = _instruction_layout(_named(_listed(_ranked(value, where), where)), where)
+    value = _instruction_layout(_listed(_ranked(value, where), where), where)
     if "label" in value and "completion" in value and "chosen" not in value:  # KTO's unpaired feedback
         return _labelled(value, where)
     if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
@@ -254,21 +261,22 @@ def _ranked(value: dict, where: str) -> dict:
     return value
 
 
-def _named(value: dict) -> dict:
-    """A row of shape 9 with its answers as `chosen` and `rejected` (and OpenAI's `input.messages` as its prompt);
-    other rows as they are."""
+def _named(value: dict) -> tuple[dict, dict[str, str]]:
+    """(a row of shape 9 with its answers as `chosen` and `rejected` and OpenAI's `input.messages` as its prompt,
+    {field: the row's own column}); other rows as they are, with {}."""
     if "chosen" in value or "rejected" in value:
-        return value
+        return value, {}
     for chosen, rejected in NAMED_PAIRS:
         if chosen in value and rejected in value:
             row = {key: item for key, item in value.items() if key not in (chosen, rejected)}
             row.update(chosen=value[chosen], rejected=value[rejected])
+            named = {"chosen": chosen, "rejected": rejected}
             given = row.get("input")
             if "prompt" not in row and isinstance(given, dict) and "messages" in given:
-                row["prompt"] = given["messages"]
+                row["prompt"], named["prompt"] = given["messages"], "input.messages"
                 del row["input"]
-            return row
-    return value
+            return row, named
+    return value, {}
 
 
 def _listed(value: dict, where: str) -> dict:

@@ -544,3 +544,13 @@ def test_bad_or_tied_ranked_lists(row, outcome):
 ])
 def test_pairs_under_other_names_read_as_chosen_and_rejected(row, expected):
     assert read_pair(row, WHERE) == expected
+
+
+def test_a_bad_pair_under_other_names_is_an_error_naming_its_own_column():
+    row = {"input": {"messages": [{"role": "user", "content": "Hi?"}]},
+           "preferred_output": [{"role": "tool", "content": "x"}],
+           "non_preferred_output": [{"role": "assistant", "content": "y"}]}
+    with pytest.raises(DataError) as err:
+        read_pair(row, WHERE)
+    assert str(err.value) == (f"{WHERE}: field 'preferred_output', message 0: expected {{\"role\": one of system, "
+                              "user, assistant, \"content\": a string}")
