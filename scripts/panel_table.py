@@ -53,26 +53,29 @@ def _wall_time(folder):
     return None
 
 
-def _pass_at_k(folder, result):
-    """A model's sampled pass@k (the questions one of its k answers solves): its answer_stats' where the run
-    reported it, else recomputed from the answers evaluation.json keeps with the verifier of the run's
-    `--data-path` (a run made before pass@k was reported); None where neither can be had."""
-    stats = result["answer_stats"]["sampled"]
-    if "pass_at_k" in stats:
-        return stats["pass_at_k"]["all"], stats["k"]
+def _answer_stats(folder, result, decoding):
+    """A model's answer_stats of one decoding, recomputed from the answers evaluation.json keeps with the verifier
+    of the run's `--data-path` (so that every table reads by the definitions of now: pass@k, scored_as_constant),
+    else as the run reported them."""
+    stats = result["answer_stats"][decoding]
     words = shlex.split(command_of(folder))
     spec = words[words.index("--data-path") + 1] if "--data-path" in words[:-1] else None
-    answers = result.get("answers", {}).get("sampled")
+    answers = result.get("answers", {}).get(decoding)
     if not spec or not answers:
-        return None
+        return stats
     if "--tools" in words:  # the answers kept are whole trajectories: the verifier reads their final answers
         if any("tool_tags" in word or "tool-tags" in word for word in words):
-            return None  # tags of its own, which the command's words do not reliably give
+            return stats  # tags of its own, which the command's words do not reliably give
         answers = [ToolFormat().final_answer(answer) for answer in answers]
     prompts, checker = heldout_set([spec])
     prompts = prompts[:len(result["answers"]["greedy"])]
-    stats = answer_stats(prompts, answers, checker)
-    return stats["pass_at_k"]["all"], stats["k"]
+    return {**stats, **answer_stats(prompts, answers, checker)}
+
+
+def _pass_at_k(folder, result):
+    """A model's sampled pass@k (the questions one of its k answers solves) and k; None where it cannot be had."""
+    stats = _answer_stats(folder, result, "sampled")
+    return (stats["pass_at_k"]["all"], stats["k"]) if "pass_at_k" in stats else None
 
 
 def run_row(folder):
@@ -82,7 +85,7 @@ def run_row(folder):
     step1 = _json(_only(folder, "actor-models/*") / "metrics.json")
     rl = _json(_only(folder, "step3-models/*") / "metrics.json")
     gains = {decoding: after[decoding]["all"] - before[decoding]["all"] for decoding in ("sampled", "greedy")}
-    constant = any(scores_as_a_constant(after[decoding]["all"], after["answer_stats"][decoding])
+    constant = any(scores_as_a_constant(after[decoding]["all"], _answer_stats(folder, after, decoding))
                    for decoding in ("sampled", "greedy"))
     solved = [result["greedy"].get("solved") for result in (before, after)]
     partial = None not in solved and round(solved[1] - solved[0], 9) < GOAL <= round(min(gains.values()), 9)
