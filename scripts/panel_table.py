@@ -15,10 +15,15 @@ score nor partial credit alone: where the verifier gives partial credit, the sha
 marks must rise by +0.10 too) and how many runs do.
 """
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
+if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
+    # train.py runs every stage and the evaluation with PYTHONHASHSEED=0, and some reasoning-gym tasks generate
+    # other questions under another hash seed (isomorphic_strings): the answers are scored against the same ones.
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inference.evaluation import answer_stats, heldout_set, scores_as_a_constant  # noqa: E402
 from utils.runtime.tool_format import ToolFormat  # noqa: E402
