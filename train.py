@@ -447,6 +447,7 @@ def main(argv=None):
     check_round_flags(args, runs)
     if args.deadline:
         args.reserve_answers = closing_answers(args, runs)
+        args.reserve_greedy_answers = closing_answers(args, runs, greedy=True)
     if not args.dry_run:
         check_inputs(args, runs, selected)
         if args.run_group:

@@ -8,6 +8,7 @@ frequent, how many were cut at the token limit, and the score of the best consta
 by answering one thing to every question shows.
 """
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -200,9 +201,10 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     ran cleanly.
 
     Returns {name: {"sampled": scores, "greedy": scores, "answers": {"sampled": [...], "greedy": [...]},
-    "answer_stats": {"sampled": stats, "greedy": stats}}}, where scores is the checker's summary (or {} without a
-    checker), plus "reward" when reward_fn is given, and stats `answer_stats`' with "hit_limit", the answers cut
-    at "max_new_tokens" before their EOS.
+    "answer_stats": {"sampled": stats, "greedy": stats}, "seconds": {"sampled": s, "greedy": s}}}, where scores
+    is the checker's summary (or {} without a checker), plus "reward" when reward_fn is given, stats
+    `answer_stats`' with "hit_limit", the answers cut at "max_new_tokens" before their EOS, and seconds each
+    decoding's generation time.
     """
     decodings = ("greedy",) if greedy_only else DECODINGS
     rounds = {decoding: samples_per_prompt if decoding == "sampled" else 1 for decoding in decodings}
@@ -213,8 +215,9 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
     for name, spec in model_specs.items():
         model, tokenizer = spec if isinstance(spec, tuple) else load_causal_lm(spec, dtype, trust_remote_code)
         model_prompts = [model_prompt(tokenizer, prompt) for prompt in prompts]
-        answers, ended, calls, plain = {}, {}, {}, {}
+        answers, ended, calls, plain, seconds = {}, {}, {}, {}, {}
         for decoding in decodings:
+            started = time.perf_counter()
             settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                             greedy=decoding == "greedy", batch_size=batch_size, seed=seed)
             answers[decoding], ended[decoding], *made = generate(
@@ -224,6 +227,7 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
                 calls[decoding] = made[0]
                 plain[decoding] = generate(model, tokenizer, model_prompts, **settings,
                                            desc=f"{name} {decoding} without tools")
+            seconds[decoding] = time.perf_counter() - started
         del model, tokenizer  # a loaded model is freed before the next one (and before reward_fn runs)
         result = {"answer_stats": {}}
         for decoding in decodings:
@@ -240,7 +244,7 @@ def evaluate_models(model_specs, prompts, max_new_tokens=16, temperature=1.0, to
             stats = answer_stats(prompts, final, checker, constant_scores)
             result["answer_stats"][decoding] = {**stats, "hit_limit": ended[decoding].count(False),
                                                 "max_new_tokens": max_new_tokens}
-        result["answers"] = answers
+        result["answers"], result["seconds"] = answers, seconds
         results[name] = result
     return results
 

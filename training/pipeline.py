@@ -72,11 +72,13 @@ def _step3_flags(args, dirs, out):
 
 
 def deadline_flags(args):
-    """With --time-budget: step 3's --deadline (the command's start plus the budget) and --reserve_answers (the
-    closing evaluation's answers, train.py's `closing_answers`); {} without one."""
+    """With --time-budget: step 3's --deadline (the command's start plus the budget), --reserve_answers and
+    --reserve_greedy_answers (the closing evaluation's answers and its greedy ones, train.py's `closing_answers`);
+    {} without one."""
     if not getattr(args, "deadline", None):
         return {}
-    return {"--deadline": f"{args.deadline:.0f}", "--reserve_answers": args.reserve_answers}
+    return {"--deadline": f"{args.deadline:.0f}", "--reserve_answers": args.reserve_answers,
+            "--reserve_greedy_answers": getattr(args, "reserve_greedy_answers", None)}
 
 
 def _preference_flags(args, dirs, out):
@@ -175,9 +177,10 @@ def reward_fn_given(args):
     return args.reward_fn not in (None, "none")
 
 
-def closing_answers(args, runs):
+def closing_answers(args, runs, greedy=False):
     """The answers the closing evaluation decodes: its prompts (--num_prompts, else the whole held-out set) x its
-    sampled answers and the greedy one x its two models (x 2 with --tools: with and without); 0 without one."""
+    sampled answers and the greedy one (`greedy`: the greedy one alone) x its two models (x 2 with --tools: with
+    and without); 0 without one."""
     command = None if args.no_eval else evaluation_command(args, runs)
     if not command:
         return 0
@@ -191,7 +194,7 @@ def closing_answers(args, runs):
         from inference.evaluation import heldout_set  # loads transformers: --help and flag errors answer first
 
         prompts = len(heldout_set(args.data_path or ["builtin"], columns=column_keys(args))[0])
-    return prompts * (last("--samples_per_prompt") + 1) * 2 * (2 if args.tools else 1)
+    return prompts * (1 if greedy else last("--samples_per_prompt") + 1) * 2 * (2 if args.tools else 1)
 
 
 def data_checker(data_paths):

@@ -101,6 +101,23 @@ def test_the_reserve_is_setup_longest_round_one_evaluation_and_the_answers_at_th
     assert reserve.seconds() == pytest.approx(30 + 5 + 10 + 1000 * 0.1)
 
 
+def test_where_the_greedy_answers_are_known_each_decoding_is_reserved_at_its_own_rate():
+    """Greedy answers that loop to the token limit take longer than sampled ones: a closing evaluation of 800
+    sampled and 200 greedy answers is reserved at each decoding's rate, the evaluation's other seconds (scoring)
+    shared out by each decoding's generation time; without the split, at the mean rate."""
+    reserve = Reserve(setup_s=30.0, answers=1000, greedy_answers=200)
+    reserve.observe_round(5.0, 2.0, 32)
+    # 50 sampled answers in 2 s, 50 greedy in 6 s of generation; 10 s in all (2 s of it scoring)
+    reserve.observe_evaluation(10.0, 100, {"sampled": (2.0, 50), "greedy": (6.0, 50)})
+    sampled, greedy = 10.0 * 2 / 8 / 50, 10.0 * 6 / 8 / 50
+    assert reserve.seconds() == pytest.approx(30 + 5 + 10 + 800 * sampled + 200 * greedy)
+    assert reserve.seconds() < 30 + 5 + 10 + 1000 * 0.1  # the mean rate: half the answers greedy
+    mean = Reserve(setup_s=30.0, answers=1000)
+    mean.observe_round(5.0, 2.0, 32)
+    mean.observe_evaluation(10.0, 100, {"sampled": (2.0, 50), "greedy": (6.0, 50)})
+    assert mean.seconds() == pytest.approx(30 + 5 + 10 + 1000 * 0.1)
+
+
 def test_the_report_says_where_and_why_a_step_stopped():
     metrics = {"total_steps": 40, "stopped": {"step": 6, "reason": "--max_train_minutes 1 is spent"}}
     assert data_rows("1 SFT", metrics) == [("1 SFT", "optimizer steps, stopped early",

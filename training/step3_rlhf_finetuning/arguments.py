@@ -238,6 +238,9 @@ def add_critic_free_args(parser):
     add("--reserve_answers", type=int, default=0,
         help="With --deadline: answers decoded after this step (train.py's closing evaluation), whose time is "
              "reserved at the rate this step's held-out evaluations (else its rollouts) decode.")
+    add("--reserve_greedy_answers", type=int, default=None,
+        help="Of --reserve_answers, how many are greedy: those are reserved at the rate of this step's greedy "
+             "decoding, the others at its sampled one's (default: all at the evaluations' mean rate).")
     add("--overlong_penalty", type=float, default=0.0,
         help="Subtracted in full from the score of an answer that fills --max_answer_seq_len, in part from one "
              "within --overlong_buffer tokens of it (DAPO's soft overlong punishment; 0: none).")
@@ -328,6 +331,9 @@ def check_rl_args(args):
     if args.reserve_answers and not args.deadline:
         raise ConfigError(f"--reserve_answers {args.reserve_answers} needs --deadline (the time it is reserved "
                           "before)")
+    if args.reserve_greedy_answers is not None and not 0 <= args.reserve_greedy_answers <= args.reserve_answers:
+        raise ConfigError(f"--reserve_greedy_answers must be in [0, --reserve_answers {args.reserve_answers}], not "
+                          f"{args.reserve_greedy_answers}")
     if args.critic_warmup_steps and not uses_critic(args):
         raise ConfigError(f"--critic_warmup_steps: --advantage_estimator {estimator} has no critic to warm up")
     longest = float("inf") if is_auto(args.max_answer_seq_len) else args.max_answer_seq_len

@@ -141,7 +141,7 @@ def main(argv=None):
             unsup_batches.skip(resumed["unsup_batches_drawn"])
     monitor = Monitor(args, "step3_ppo", args.output_dir, resumed=resumed is not None)
     stop = stop_rule_from_args(args, device, state=(resumed or {}).get("stop"))
-    reserve = Reserve(time.time() - start_time, args.reserve_answers)  # --deadline's
+    reserve = Reserve(time.time() - start_time, args.reserve_answers, args.reserve_greedy_answers)  # --deadline's
 
     def evaluate_now():
         started = time.time()
@@ -149,7 +149,9 @@ def main(argv=None):
                                     "validation" if best is not None else "held-out"))
         if best is not None and best.observe(step, selection_score(evaluations[-1])):
             print_rank_0(f"best so far: step {step} (validation score {best.score:.4f})")
-        reserve.observe_evaluation(time.time() - started, 2 * len(eval_prompts))  # sampled and greedy
+        reserve.observe_evaluation(time.time() - started, 2 * len(eval_prompts),  # sampled and greedy
+                                   {decoding: (spent, len(eval_prompts))
+                                    for decoding, spent in trainer.evaluation_seconds.items()})
 
     if eval_prompts and not resumed:
         evaluate_now()

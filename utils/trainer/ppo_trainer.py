@@ -426,6 +426,7 @@ class PPOTrainer:
                                       checker=checker, batch_size=max(rollouts_per_batch(args), BATCH_SIZE),
                                       tools=self.tools)
         self.actor.train()
+        self.evaluation_seconds = results["actor"]["seconds"]  # each decoding's, for --deadline's reserve
         stats = results["actor"]["answer_stats"]
         return {decoding: {**results["actor"][decoding], **answer_scalars(stats[decoding])} for decoding in DECODINGS}
 

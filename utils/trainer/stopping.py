@@ -97,23 +97,33 @@ class Reserve:
     setup's time again (saving its models, and the evaluation after it loading its own, take about as long as
     loading them did), its longest round (the one the check lets start), one more held-out evaluation (the one at
     the stop), and `answers` more answers decoded at the rate its held-out evaluations decode (before the first,
-    its rollouts')."""
+    its rollouts'); where `greedy_answers` of them are greedy and the evaluations timed each decoding, the greedy
+    ones at the greedy rate and the rest at the sampled one (greedy answers that loop to the token limit take
+    several times a sampled one's time)."""
 
-    def __init__(self, setup_s, answers):
-        self.setup_s, self.answers = setup_s, answers
+    def __init__(self, setup_s, answers, greedy_answers=None):
+        self.setup_s, self.answers, self.greedy_answers = setup_s, answers, greedy_answers
         self.round_s = self.eval_s = 0.0
-        self.rates = {}  # "evaluation" / "rollouts": seconds per answer
+        self.rates = {}  # "evaluation" / "rollouts" / a decoding's name: seconds per answer
 
     def observe_round(self, seconds, generation_s, answers):
         """After a round: its whole time, and its rollouts' generation time and answers."""
         self.round_s = max(self.round_s, seconds)
         self.rates["rollouts"] = generation_s / max(1, answers)
 
-    def observe_evaluation(self, seconds, answers):
-        """After a held-out evaluation of `answers` answers."""
+    def observe_evaluation(self, seconds, answers, decodings=None):
+        """After a held-out evaluation of `answers` answers; `decodings`: {decoding: (its generation's seconds, its
+        answers)}, each decoding's rate then taking its share of the whole evaluation's seconds."""
         self.eval_s = seconds
         self.rates["evaluation"] = seconds / max(1, answers)
+        generating = sum(spent for spent, _ in (decodings or {}).values())
+        for decoding, (spent, count) in (decodings or {}).items():
+            self.rates[decoding] = seconds * spent / generating / max(1, count) if generating > 0 else 0.0
 
     def seconds(self):
-        rate = self.rates.get("evaluation", self.rates.get("rollouts", 0.0))
-        return self.setup_s + self.round_s + self.eval_s + self.answers * rate
+        if self.greedy_answers is not None and {"sampled", "greedy"} <= set(self.rates):
+            decoding_s = ((self.answers - self.greedy_answers) * self.rates["sampled"]
+                          + self.greedy_answers * self.rates["greedy"])
+        else:
+            decoding_s = self.answers * self.rates.get("evaluation", self.rates.get("rollouts", 0.0))
+        return self.setup_s + self.round_s + self.eval_s + decoding_s

@@ -35,7 +35,8 @@ def test_checker_scores_are_task_scores_of_the_returned_answers(tiny):
 
     results = evaluate_models({"a": tiny}, prompts, max_new_tokens=6, seed=5, reward_fn=reward_fn)
     result = results["a"]
-    assert set(result) == {"sampled", "greedy", "answers", "answer_stats"}
+    assert set(result) == {"sampled", "greedy", "answers", "answer_stats", "seconds"}
+    assert set(result["seconds"]) == {"sampled", "greedy"} and all(s > 0 for s in result["seconds"].values())
     for decoding in ("sampled", "greedy"):
         answers = result["answers"][decoding]
         assert len(answers) == len(prompts)
@@ -67,6 +68,7 @@ def test_greedy_only_and_prompts_outside_the_task(tiny):
     prompts = [" Human: Tell me a joke. Assistant:", task.format_prompt("What is 1 + 2?")]
     results = evaluate_models({"a": tiny}, prompts, max_new_tokens=4, greedy_only=True)
     stats = results["a"].pop("answer_stats")
+    assert set(results["a"].pop("seconds")) == {"greedy"}
     assert results == {"a": {"greedy": {}, "answers": {"greedy": results["a"]["answers"]["greedy"]}}}
     assert set(stats) == {"greedy"} and "best_constant" not in stats["greedy"]  # no checker: no constant scored
     assert stats["greedy"]["answers"] == 2 and stats["greedy"]["max_new_tokens"] == 4
