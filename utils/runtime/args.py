@@ -507,7 +507,8 @@ FLAG_RANGES = {
     **dict.fromkeys(("max_steps", "num_warmup_steps", "eval_interval", "eval_iters", "critic_warmup_steps",
                      "save_steps", "num_show", "num_examples", "lora_dim", "actor_lora_dim", "critic_lora_dim",
                      "num_padding_at_beginning", "early_stopping_patience", "answer_base_rate",
-                     "max_generation_batches", "stop_after_idle_rounds", "reserve_answers"),
+                     "max_generation_batches", "stop_after_idle_rounds", "reserve_answers",
+                     "reserve_greedy_answers"),
                     ("at least 0", _non_negative)),
     "seed": ("in [0, 2**32)", lambda value: 0 <= value < 2 ** 32),  # what NumPy's seeding takes
 }
