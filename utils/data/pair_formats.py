@@ -200,8 +200,13 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
     except DataError as err:  # a shape-9 row's errors name its own columns
         if not named:
             raise
-        raise DataError(re.sub(r"field '(\w+)'", lambda m: f"field '{named.get(m.group(1), m.group(1))}'",
-                               str(err))) from None
+        raise relabelled(err, lambda field: f"field '{named[field]}'" if field in named else None) from None
+
+
+def relabelled(err: DataError, label: Callable[[str], str | None]) -> DataError:
+    """`err` with each "field 'x'" it names written as label(x) instead (as it is where label gives None): the
+    errors of a row whose columns were read as other fields name the row's own columns."""
+    return DataError(re.sub(r"field '(\w+)'", lambda match: label(match.group(1)) or match.group(0), str(err)))
 
 
 def _read_pair(value: dict, where: str) -> dict[str, str | None]:

@@ -72,7 +72,7 @@ import datasets
 import numpy as np
 
 from utils.data import builtin_task as task
-from utils.data.pair_formats import UNUSABLE, read_pair
+from utils.data.pair_formats import UNUSABLE, read_pair, relabelled
 from utils.data.prompting import text_prompt
 from utils.data.text_files import (GZIP_SUFFIX, UNREADABLE, check_text, data_suffix, open_bytes, read_lines, read_text,
                                    regular_file)
@@ -300,11 +300,8 @@ def _read_renamed(value: dict, where: str, columns: dict[str, str]) -> dict:
     try:
         return read_pair(renamed, where)
     except DataError as err:
-        def named(match):
-            field = match.group(1)
-            return f"field '{columns[field]}' ({column_flag(field)})" if field in columns else match.group(0)
-
-        raise DataError(re.sub(r"field '(\w+)'", named, str(err))) from None
+        raise relabelled(err, lambda field: f"field '{columns[field]}' ({column_flag(field)})"
+                         if field in columns else None) from None
 
 
 def _files_digest(*paths: Path) -> str:
