@@ -209,7 +209,8 @@ def parse_args(argv=None):
     if defaults or recipe:
         args = parser.parse_args([*recipe, *defaults, *argv])  # the user's own flags come after, so they win
     args.deadline = time.time() + 60 * args.time_budget if args.time_budget else None  # step 3's --deadline
-    args.reserve_answers = None  # main: the closing evaluation's answers, reserved in step 3 before the deadline
+    # main: the closing evaluation's answers and its greedy ones, reserved in step 3 before the deadline
+    args.reserve_answers = args.reserve_greedy_answers = None
     args.pair_judge, args.reward_fn, args.answer_filter = (None if spec == "none" else spec for spec in
                                                            (args.pair_judge, args.reward_fn, args.answer_filter))
     args.pair_rounds = 1 if args.pair_rounds is None else args.pair_rounds
@@ -446,8 +447,7 @@ def main(argv=None):
     check_step_flags(args, runs)
     check_round_flags(args, runs)
     if args.deadline:
-        args.reserve_answers = closing_answers(args, runs)
-        args.reserve_greedy_answers = closing_answers(args, runs, greedy=True)
+        args.reserve_answers, args.reserve_greedy_answers = closing_answers(args, runs)
     if not args.dry_run:
         check_inputs(args, runs, selected)
         if args.run_group:

@@ -670,9 +670,8 @@ def test_the_time_budget_gives_step_3_a_deadline_and_the_closing_evaluations_ans
     args = train.parse_args(["--output-dir", "out", *spec, "--algorithm", "grpo", "--reward-fn", "reasoning_gym"])
     assert "takes --time-budget 27" in capsys.readouterr().out
     runs = plan(args)
-    assert closing_answers(args, runs) == 100 * 5 * 2 and closing_answers(args, runs, greedy=True) == 100 * 2
-    args.reserve_answers = closing_answers(args, runs)
-    args.reserve_greedy_answers = closing_answers(args, runs, greedy=True)
+    assert closing_answers(args, runs) == (100 * 5 * 2, 100 * 2)
+    args.reserve_answers, args.reserve_greedy_answers = closing_answers(args, runs)
     rl = step_command(args, runs[-1])
     assert started + 27 * 60 - 1 <= float(flag(rl, "--deadline")) <= time.time() + 27 * 60 + 1
     assert flag(rl, "--reserve_answers") == "1000" and "--max_train_minutes" not in rl

@@ -78,7 +78,7 @@ def deadline_flags(args):
     if not getattr(args, "deadline", None):
         return {}
     return {"--deadline": f"{args.deadline:.0f}", "--reserve_answers": args.reserve_answers,
-            "--reserve_greedy_answers": getattr(args, "reserve_greedy_answers", None)}
+            "--reserve_greedy_answers": args.reserve_greedy_answers}
 
 
 def _preference_flags(args, dirs, out):
@@ -177,13 +177,13 @@ def reward_fn_given(args):
     return args.reward_fn not in (None, "none")
 
 
-def closing_answers(args, runs, greedy=False):
-    """The answers the closing evaluation decodes: its prompts (--num_prompts, else the whole held-out set) x its
-    sampled answers and the greedy one (`greedy`: the greedy one alone) x its two models (x 2 with --tools: with
-    and without); 0 without one."""
+def closing_answers(args, runs):
+    """(the answers the closing evaluation decodes, the greedy ones among them): its prompts (--num_prompts, else
+    the whole held-out set) x its sampled answers and the greedy one x its two models (x 2 with --tools: with and
+    without); (0, 0) without one."""
     command = None if args.no_eval else evaluation_command(args, runs)
     if not command:
-        return 0
+        return 0, 0
 
     def last(flag):
         values = [command[i + 1] for i, item in enumerate(command[:-1]) if item == flag]
@@ -194,7 +194,8 @@ def closing_answers(args, runs, greedy=False):
         from inference.evaluation import heldout_set  # loads transformers: --help and flag errors answer first
 
         prompts = len(heldout_set(args.data_path or ["builtin"], columns=column_keys(args))[0])
-    return prompts * (1 if greedy else last("--samples_per_prompt") + 1) * 2 * (2 if args.tools else 1)
+    greedy = prompts * 2 * (2 if args.tools else 1)
+    return greedy * (last("--samples_per_prompt") + 1), greedy
 
 
 def data_checker(data_paths):
