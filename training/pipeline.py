@@ -325,7 +325,7 @@ def has_pairs(data_paths, columns=()):
 
 
 def other_columns(data_paths, columns=()):
-    """The columns of the data's first train rows that were not read as a prompt or an answer (a pair whose
+    """The columns of each data set's first train row that were not read as a prompt or an answer (a pair whose
     answers are under names the row shapes do not know), sorted."""
     from utils.data.raw_datasets import ROW_COLUMNS  # loads datasets: --help and flag errors answer first
 
