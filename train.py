@@ -35,9 +35,9 @@ from pathlib import Path
 
 import psutil
 
-from training.pipeline import (ALGORITHMS, STAGES, check_round_flags, check_step_flags, checker_defaults,
-                               closing_answers, evaluation_command, has_step3, plan, run_inputs, step_command,
-                               train_recipe)
+from training.pipeline import (ALGORITHMS, STAGES, check_data_split, check_round_flags, check_step_flags,
+                               checker_defaults, closing_answers, evaluation_command, has_step3, plan, run_inputs,
+                               step_command, train_recipe)
 from utils.data.data_utils import check_columns_apply, parse_data_split
 from utils.runtime.args import add_column_args, column_keys, registry_help
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
@@ -335,10 +335,13 @@ def run_stage(args, run):
         returncode = run_child(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     elapsed = time.time() - start
     if returncode != 0:
-        print(f"step {step} FAILED after {elapsed:.0f} s (exit {returncode}); last lines of {log_path}:")
         lines = log_path.read_text(errors="replace").splitlines()
         errors = [line for line in lines if line.startswith("error: ")]
-        print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]), flush=True)
+        if errors:  # the step said what went wrong: its error line is the whole story
+            print(f"step {step} FAILED after {elapsed:.0f} s (exit {returncode}); its log: {log_path}", flush=True)
+        else:  # a crash: the log's tail shows where
+            print(f"step {step} FAILED after {elapsed:.0f} s (exit {returncode}); last lines of {log_path}:")
+            print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]), flush=True)
         last = next((line.strip() for line in reversed(lines) if line.strip()), "nothing")
         cause = errors[-1][len("error: "):] if errors else f"exit {returncode}, its log {log_path} ends: {last}"
         print(f"error: step {step} failed: {cause}; re-run this step alone with --step {step}", file=sys.stderr,
@@ -444,6 +447,7 @@ def main(argv=None):
               f"from {args.actor_model}", flush=True)
     if not selected:
         raise ConfigError(f"--step {' '.join(map(str, args.step))}: nothing to run for --algorithm {args.algorithm}")
+    check_data_split(args, runs)
     check_step_flags(args, runs)
     check_round_flags(args, runs)
     if args.deadline:

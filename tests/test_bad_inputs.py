@@ -113,6 +113,12 @@ CASES = [
          ("reasoning_gym:chain_sum: tool_traces=bash must be one of python",)),
     Case("train.py --data-split with a negative part, before step 1 runs", "train.py",
          ["--data-split=-1,2,2", "--output-dir", "{out}"], ("--data-split '-1,2,2' must be comma-separated",)),
+    Case("train.py --data-split with no part for step 3, before step 1 runs", "train.py",
+         ["--data-split", "1,1", "--output-dir", "{out}"],
+         ("--data-split 1,1 has 2 part(s), but step 3 (ppo) reads part 3",)),
+    Case("train.py --data-split with nothing for a step that runs", "train.py",
+         ["--algorithm", "dpo", "--pair-judge", "none", "--data-split", "2,0,8", "--output-dir", "{out}"],
+         ("--data-split 2,0,8 gives part 2 nothing, but step 2 (dpo) reads part 2",)),
     Case("train.py --chosen-key with data of fixed fields", "train.py",
          ["--chosen-key", "better", "--output-dir", "{out}"],
          ("--chosen-key names columns of local files", "builtin has fixed fields")),
@@ -773,8 +779,8 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
 
 @pytest.mark.parametrize("path", ["as it is", "without the environment's bin/"])
 def test_a_failing_step_under_train_py_is_one_error_line_and_leaves_only_its_log(tmp_path, path):
-    """A step that fails inside the launcher: train.py names the step and the step's own error line, and the
-    step's folder holds nothing but the log it points to. The launcher is the running interpreter's own, also
+    """A step that fails inside the launcher: train.py names the step and the step's own error line (its log's
+    tail only where it has none), and the step's folder holds nothing but the log it points to. The launcher is the running interpreter's own, also
     when its folder is not on PATH (a venv's python run by its full path)."""
     out = tmp_path / "out"
     bin_dir = str(Path(sys.executable).parent)
@@ -790,4 +796,5 @@ def test_a_failing_step_under_train_py_is_one_error_line_and_leaves_only_its_log
                       f"yitingxie/rlhf-reward-datasets, openai/webgpt_comparisons, stanfordnlp/SHP, builtin, "
                       f"local/jsonfile) and no such local path exists; re-run this step alone with --step 1"]
     assert "step 1 FAILED" in stdout and "Traceback" not in stderr
+    assert "launching:" not in stdout  # the step's own error line says it: no tail of its log
     assert folder_state(out) == ["actor-models", "actor-models/tiny", "actor-models/tiny/training.log"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from training.recipes import recipe_flags
+from utils.data.data_utils import parse_data_split
 from utils.rl.estimators import CRITIC_FREE, ESTIMATORS
 from utils.runtime.args import column_flag, column_keys
 from utils.runtime.errors import ConfigError, DataError
@@ -452,6 +453,20 @@ def check_step_flags(args, runs):
             step_parser(run.spec.folder)(step_command(args, run)[2:])
         except ConfigError as err:
             raise ConfigError(f"--step{run.spec.step}-args {shlex.join(user_flags)}: {err}") from None
+
+
+def check_data_split(args, runs):
+    """Refuse a --data-split that leaves a step to run without its part (step N trains on part N): fewer parts than
+    the step's number, or a part of 0, at once rather than once the steps before it have trained."""
+    if args.data_split is None:
+        return
+    fractions = parse_data_split(args.data_split)
+    for run in runs:
+        step = run.spec.step
+        if step in args.step and (step > len(fractions) or fractions[step - 1] == 0):
+            have = f"has {len(fractions)} part(s)" if step > len(fractions) else f"gives part {step} nothing"
+            raise ConfigError(f"--data-split {args.data_split} {have}, but step {step} ({run.stage}) reads part "
+                              f"{step}: give each step that runs a part, like 2,4,4")
 
 
 def check_round_flags(args, runs):
