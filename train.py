@@ -396,7 +396,10 @@ def wait_for_group(pgid, timeout):
 
 
 def check_output_dir(path):
-    """Make --output-dir, or refuse it in one line: a file, a folder that cannot be made or written in."""
+    """Make --output-dir, or refuse it in one line: empty (the working directory), a file, a folder that cannot be
+    made or written in."""
+    if not path.strip():
+        raise ConfigError("--output-dir is empty: give the folder for the run's models and logs, such as ./output")
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--output-dir {path} is a file, not a folder")

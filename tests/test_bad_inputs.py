@@ -113,6 +113,8 @@ CASES = [
          ("reasoning_gym:chain_sum: tool_traces=bash must be one of python",)),
     Case("train.py --data-split with a negative part, before step 1 runs", "train.py",
          ["--data-split=-1,2,2", "--output-dir", "{out}"], ("--data-split '-1,2,2' must be comma-separated",)),
+    Case("train.py --output-dir empty (not the working directory)", "train.py", ["--output-dir", ""],
+         ("--output-dir is empty",)),
     Case("train.py --data-split with no part for step 3, before step 1 runs", "train.py",
          ["--data-split", "1,1", "--output-dir", "{out}"],
          ("--data-split 1,1 has 2 part(s), but step 3 (ppo) reads part 3",)),
