@@ -43,8 +43,10 @@ task's reference answer; the rejected one another question's reference answer, o
 game_of_life_halting scores any non-empty answer 1). Tasks without a reference answer (their `answer` is None:
 any valid solution scores) give prompts for step 3 and the evaluation, but no SFT targets or pairs.
 
-The verifier (`Verifier.score`, `reasoning_gym_reward_fn`) finds each prompt's question and scores the answer
-with the task's `score_answer`.
+The verifier (`Verifier.score`) finds each prompt's question and scores the answer with the task's `score_answer`;
+its RL reward (`Verifier.reward`, `reasoning_gym_reward_fn`) is that score, but full marks or nothing for the tasks
+that keep reasoning-gym's default scorer, whose partial credit goes to any answer holding the reference ("24" for
+"2"): a policy earns it by hedging, not by the skill.
 """
 from __future__ import annotations
 
@@ -324,6 +326,21 @@ class Item:
             return 0.0
         return min(1.0, max(0.0, score))
 
+    @property
+    def credits_containment(self) -> bool:
+        """Whether the task keeps reasoning-gym's default `score_answer`, whose only partial credit is for holding
+        the reference answer anywhere in the answer: "24" earns half of "2"'s marks, and of "4"'s."""
+        from reasoning_gym.dataset import ProceduralDataset
+
+        return type(self.dataset).score_answer is ProceduralDataset.score_answer
+
+    def reward(self, answer: str) -> float:
+        """The score as an RL reward: the task's own, but full marks or nothing where its partial credit is the
+        default's containment, which RL learns to earn by hedging (gcd: "24" and "13" to every question, half
+        marks wherever the answer is 1, 2, 3 or 4, where the step-1 actor answered each question)."""
+        score = self.score(answer)
+        return score if score >= 1.0 or not self.credits_containment else 0.0
+
 
 def part_of(task: str, question: str) -> str:
     """The part of a question, by a stable hash of its task and text: 10% held out, 10% eval, 80% train."""
@@ -528,6 +545,12 @@ class Verifier:
 
     __call__ = score
 
+    def reward(self, prompts: list[str], answers: list[str]) -> list[float]:
+        """Each answer's RL reward by the task of its prompt (see Item.reward)."""
+        if len(prompts) != len(answers):
+            raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+        return [self.item(prompt).reward(answer) for prompt, answer in zip(prompts, answers)]
+
     def summarize(self, prompts: list[str], answers: list[str]) -> dict[str, float]:
         """Mean score overall ("all") and per task, tasks in order of first appearance, and "solved": the share
         of answers scored 1. Many verifiers give partial credit (word_sorting: at least 0.2 for the right words
@@ -544,8 +567,8 @@ class Verifier:
 
 def reasoning_gym_reward_fn(spec: str):
     """A reward function `(prompts, answers) -> list of floats in [0, 1]` for the questions of `spec` (every
-    part), e.g. step 3's rewards on its prompts."""
-    return gym_data(spec).verifier.score
+    part), e.g. step 3's rewards on its prompts: each task's score, no containment credit (Item.reward)."""
+    return gym_data(spec).verifier.reward
 
 
 # --------------------------------------------------------------------------- the raw data set

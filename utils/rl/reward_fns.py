@@ -13,7 +13,9 @@ function may also take the data's columns (a reference answer), in our form or T
 `--reward_fn SPEC` names one:
     builtin                     the built-in task's checker `utils.data.builtin_task.score_answer` (1 exact, 0.5 near
                                 miss, 0.25 right format only, 0 otherwise)
-    reasoning_gym               the verifier of the run's `--data_path reasoning_gym:...` tasks, in [0, 1]
+    reasoning_gym               the verifier of the run's `--data_path reasoning_gym:...` tasks, in [0, 1]; full
+                                marks or nothing for the tasks on reasoning-gym's default scorer, whose partial
+                                credit is for holding the reference anywhere ("24" earns half of "2")
     reasoning_gym_solved        1 where that verifier gives full marks, else 0: no partial credit (many verifiers
                                 pay a share for a near answer, which an answer can earn without the skill, for
                                 example by copying the question's words back)
@@ -64,8 +66,9 @@ def builtin_reward_fn(prompts, answers):
 
 
 def reasoning_gym_reward_fn(args, name="reasoning_gym"):
-    """The verifier of the run's reasoning-gym data (`--data_path reasoning_gym:...`): each task's `score_answer`
-    on the answer to the question the prompt asks, in [0, 1]. `name` is the reward function's, for errors."""
+    """The verifier of the run's reasoning-gym data (`--data_path reasoning_gym:...`) as a reward: each task's
+    `score_answer` on the answer to the question the prompt asks, in [0, 1], without the default scorer's
+    containment credit (utils.data.reasoning_gym_data.Item.reward). `name` is the reward function's, for errors."""
     return verifier_of(_one_gym_spec(getattr(args, "data_path", None), name=name))
 
 

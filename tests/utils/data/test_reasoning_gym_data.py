@@ -256,6 +256,23 @@ def test_solved_counts_only_full_marks_where_the_verifier_gives_partial_credit()
     assert 0.5 + 2 * 0.2 / 4 <= summary["all"] < 1.0  # partial credit of at least 0.2 for each reordered answer
 
 
+def test_the_reward_pays_no_containment_credit_where_the_task_keeps_the_default_scorer():
+    """gcd keeps reasoning-gym's default score_answer: "24" holds the answer "2" and scores half marks, which RL
+    learned to earn on every question; its reward is full marks or nothing. word_sorting scores with its own
+    partial credit, which the reward keeps."""
+    gcd = fresh("reasoning_gym:gcd?min_numbers=2&max_numbers=2&min_value=1&max_value=100&size=200")
+    two = next(item for item in gcd.parts["train"] if item.answer == "2")
+    assert two.credits_containment and two.score("24") == 0.5
+    assert gcd.verifier.reward([two.prompt] * 3, ["24", "2", " 2 "]) == [0.0, 1.0, 1.0]
+    assert rg.reasoning_gym_reward_fn("reasoning_gym:gcd?min_numbers=2&max_numbers=2&min_value=1&max_value=100"
+                                      "&size=200")([two.prompt], ["24"]) == [0.0]
+    words = fresh("reasoning_gym:word_sorting?min_words=3&max_words=3&size=40")
+    item = words.parts["heldout"][0]
+    reordered = ", ".join(reversed(item.answer.split(", ")))
+    assert not item.credits_containment
+    assert 0.2 <= item.reward(reordered) == item.score(reordered) < 1.0
+
+
 def test_tool_traces_compute_the_reference_answer_with_the_tool():
     """Step 1's answers call the tool on the question's own expression, and the code prints the reference answer
     when the sandbox runs it; the final answer scores 1; the questions are those of the plain spec."""
