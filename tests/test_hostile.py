@@ -146,6 +146,20 @@ CASES = [
          [*STEP1, "--data_path", "{tmp}/bom_crlf"], succeeds="model saved"),
     Case("step1 a raw NUL byte inside a JSON line", "step1", [*STEP1, "--data_path", "{tmp}/nul_raw.jsonl"],
          ("{tmp}/nul_raw.jsonl: malformed JSON on line 2",)),
+    Case("step1 a JSON line nested past the parser's depth", "step1", [*STEP1, "--data_path", "{tmp}/deep.jsonl"],
+         ("{tmp}/deep.jsonl: line 9: JSON nested too deeply to read",)),
+    Case("step1 a JSON array nested past the parser's depth", "step1", [*STEP1, "--data_path", "{tmp}/deep.json"],
+         ("{tmp}/deep.json: JSON nested too deeply to read",)),
+    Case("step1 a CSV header naming a column twice", "step1", [*STEP1, "--data_path", "{tmp}/twice.csv"],
+         ("{tmp}/twice.csv: line 1 names the column 'chosen' twice",)),
+    Case("step1 an integer flag past sys.maxsize", "step1",
+         [*STEP1, "--gradient_accumulation_steps", "99999999999999999999"],
+         ("argument --gradient_accumulation_steps: 99999999999999999999 is out of range",)),
+    Case("step1 a LoRA rank whose tensors cannot be allocated", "step1", [*STEP1, "--lora_dim", "1000000000000"],
+         ("out of memory",)),
+    Case("prompt_eval --samples_per_prompt past sys.maxsize", "prompt_eval",
+         [*PROMPT_EVAL, "--samples_per_prompt", "99999999999999999999"],
+         ("argument --samples_per_prompt: 99999999999999999999 is out of range",)),
     Case("step1 a NUL written as a JSON escape", "step1", [*STEP1, "--data_path", "{tmp}/nul_escaped"],
          succeeds="model saved"),
     Case("step1 a lone surrogate in a JSON escape", "step1", [*STEP1, "--data_path", "{tmp}/surrogate.jsonl"],
@@ -328,6 +342,10 @@ def write_hostile_data(tmp):
         (tmp / "bom_crlf").mkdir(exist_ok=True)
         (tmp / "bom_crlf" / f"{split}.json").write_bytes(("\ufeff" + "\r\n".join(lines) + "\r\n").encode("utf-8"))
     (tmp / "utf16.jsonl").write_bytes("\n".join(lines).encode("utf-16"))  # a BOM, then little-endian
+    deep = json.dumps(dict(GOOD_ROW, extra="DEEP")).replace('"DEEP"', "[" * 100000 + "]" * 100000)
+    (tmp / "deep.jsonl").write_text("\n".join(lines + [deep]) + "\n")
+    (tmp / "deep.json").write_text("[" + ", ".join(lines + [deep]) + "]")
+    (tmp / "twice.csv").write_text("prompt,chosen,chosen,rejected\n" + '" Human: x Assistant:"," 3"," 5"," 4"\n' * 8)
     nul = json.dumps(dict(GOOD_ROW, prompt=" Human: What is 1\x00+ 2? Assistant:"))  # as the escape \u0000
     (tmp / "nul_raw.jsonl").write_text(lines[0] + "\n" + nul.replace("\\u0000", "\x00") + "\n")
     for split in ("train", "eval"):

@@ -142,6 +142,8 @@ def _json_rows(path: Path) -> list[tuple[Any, str]]:
             continue
         try:
             value = json.loads(line)
+        except RecursionError:
+            raise DataError(f"{path}: line {lineno}: JSON nested too deeply to read") from None
         except json.JSONDecodeError as exc:
             if not records and start.startswith(b"{") and _one_object(path):
                 raise DataError(f"{path}: one JSON object across several lines; expected a JSON array of rows "
@@ -155,7 +157,7 @@ def _one_object(path: Path) -> bool:
     """Whether the whole file is one JSON object (a pretty-printed `{"data": [...]}`, say)."""
     try:
         return isinstance(json.loads(read_text(path)), dict)
-    except (DataError, ValueError):
+    except (DataError, ValueError, RecursionError):
         return False
 
 
@@ -181,6 +183,8 @@ def _parse_json_array(path: Path, text: str) -> list[tuple[Any, str]]:
     """(value, where) for each record of a JSON array's text."""
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to read") from None
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     if not isinstance(data, list):  # e.g. "[1] 2" cannot get here, but be safe
@@ -206,6 +210,9 @@ def _csv_rows(path: Path) -> list[tuple[Any, str]]:
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if data_suffix(path) == ".tsv" else ",")
     records = []
     try:
+        twice = sorted({name for name in reader.fieldnames or () if reader.fieldnames.count(name) > 1})
+        if twice:
+            raise DataError(f"{path}: line 1 names the column {twice[0]!r} twice; name each column once")
         for row in reader:
             if None in row:
                 raise DataError(f"{path}: line {reader.line_num}: more fields than the header line names "

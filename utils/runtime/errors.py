@@ -126,7 +126,9 @@ def cli_entry(main):
             where = f" writing {err.filename}" if err.filename else ""
             _print_error(f"no space left on device{where} ({err.strerror or err}); free some space and run again")
             sys.exit(EXIT_USER_ERROR)
-        except MemoryError:
+        except (MemoryError, RuntimeError) as err:
+            if not _out_of_memory(err):
+                raise
             _print_error("out of memory: the data, model or batch does not fit this machine's memory")
             sys.exit(EXIT_USER_ERROR)
         except Interrupted as stop:
@@ -140,6 +142,13 @@ def cli_entry(main):
             _interrupt.update(hint=None, deferred=0, held=[])
 
     return wrapper
+
+
+def _out_of_memory(err):
+    """Whether `err` is memory running out: Python's MemoryError, torch's OutOfMemoryError (a GPU's), or the
+    RuntimeError torch's CPU allocator raises for a tensor it cannot allocate."""
+    return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+            or "DefaultCPUAllocator: can't allocate memory" in str(err))
 
 
 def _print_error(message):
@@ -194,3 +203,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise ConfigError(message)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, refusing an integer flag past sys.maxsize, which no batch, length or count can use and which
+        torch and itertools fail on with their own tracebacks."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(parsed, action.dest, None)
+            values = value if isinstance(value, list) else [value]
+            if action.type is int and action.option_strings and any(
+                    isinstance(v, int) and abs(v) > sys.maxsize for v in values):
+                raise ConfigError(f"argument {'/'.join(action.option_strings)}: {value} is out of range (at most "
+                                  f"{sys.maxsize} in size)")
+        return parsed, extras
