@@ -152,6 +152,8 @@ CASES = [
          ("{tmp}/deep.json: JSON nested too deeply to read",)),
     Case("step1 a CSV header naming a column twice", "step1", [*STEP1, "--data_path", "{tmp}/twice.csv"],
          ("{tmp}/twice.csv: line 1 names the column 'chosen' twice",)),
+    Case("step1 a CSV field whose quote is not closed where it ends", "step1", [*STEP1, "--data_path", "{tmp}/quote.csv"],
+         ("{tmp}/quote.csv: malformed CSV on line 3",)),
     Case("step1 an integer flag past sys.maxsize", "step1",
          [*STEP1, "--gradient_accumulation_steps", "99999999999999999999"],
          ("argument --gradient_accumulation_steps: 99999999999999999999 is out of range",)),
@@ -345,6 +347,8 @@ def write_hostile_data(tmp):
     deep = json.dumps(dict(GOOD_ROW, extra="DEEP")).replace('"DEEP"', "[" * 100000 + "]" * 100000)
     (tmp / "deep.jsonl").write_text("\n".join(lines + [deep]) + "\n")
     (tmp / "deep.json").write_text("[" + ", ".join(lines + [deep]) + "]")
+    (tmp / "quote.csv").write_text('prompt,chosen,rejected\n" Human: x Assistant:"," 3"," 4"\n'
+                                   '" Human: oops Assistant:, 3, 4\n' + '" Human: x Assistant:"," 3"," 4"\n' * 8)
     (tmp / "twice.csv").write_text("prompt,chosen,chosen,rejected\n" + '" Human: x Assistant:"," 3"," 5"," 4"\n' * 8)
     nul = json.dumps(dict(GOOD_ROW, prompt=" Human: What is 1\x00+ 2? Assistant:"))  # as the escape \u0000
     (tmp / "nul_raw.jsonl").write_text(lines[0] + "\n" + nul.replace("\\u0000", "\x00") + "\n")

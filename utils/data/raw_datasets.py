@@ -207,7 +207,8 @@ def _csv_rows(path: Path) -> list[tuple[Any, str]]:
     """(row as a dict of strings, where) for each row of a CSV file (.tsv: tab-separated) whose first line names
     its columns; a row's empty trailing fields are missing columns."""
     text = read_text(path)
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if data_suffix(path) == ".tsv" else ",")
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if data_suffix(path) == ".tsv" else ",",
+                            strict=True)  # a stray quote is an error, not two rows read as one
     records = []
     try:
         twice = sorted({name for name in reader.fieldnames or () if reader.fieldnames.count(name) > 1})
@@ -220,7 +221,8 @@ def _csv_rows(path: Path) -> list[tuple[Any, str]]:
             records.append(({key: value for key, value in row.items() if value is not None},
                             f"row {len(records)} (line {reader.line_num})"))
     except csv.Error as err:
-        raise DataError(f"{path}: malformed CSV on line {reader.line_num}: {err}") from None
+        # line_num counts the lines of the rows read whole: the row that failed starts on the next
+        raise DataError(f"{path}: malformed CSV on line {reader.line_num + 1}: {err}") from None
     return records
 
 
