@@ -32,10 +32,13 @@ GeneratorExit too, so that user code can neither end the run as a success nor lo
 return within REWARD_FN_TIMEOUT seconds, returns something other than one number per answer (a string is not a
 list of numbers), or a value that is not finite in float32, the dtype the rewards are used in, stops the run with
 one `error:` line naming the function. Importing a user's module is guarded the same way. A real Ctrl-C (or
-SIGTERM, SIGHUP) while the function runs still interrupts the run.
+SIGTERM, SIGHUP) while the function runs still interrupts the run. A function that never lets go of Python's lock
+(a regex that backtracks without end) leaves no thread able to report it: LOCK_HELD_GRACE_S past the timeout,
+faulthandler prints where it is and ends the process with exit 1.
 """
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import importlib.util
 import math
@@ -56,6 +59,8 @@ REWARD_FN_TIMEOUT = 600.0
 """Seconds one call of a reward function (or the import of its module) may take before the run stops with an
 error naming it; the environment variable TIMEOUT_VARIABLE overrides it. Generous: a call scores one batch."""
 TIMEOUT_VARIABLE = "CHATRLHF_REWARD_FN_TIMEOUT"
+LOCK_HELD_GRACE_S = 30.0
+"""Seconds past the timeout after which a reward function that holds Python's lock ends the process (run_guarded)."""
 NOT_A_LIST = (str, bytes, bytearray, dict, set, frozenset)
 """Results that iterate but are no list of numbers: "1111" would read as four rewards of 1, a dict as its keys."""
 
@@ -206,9 +211,27 @@ def run_guarded(function, timeout, name):
             outcome[:] = RAISED, err
 
     thread = threading.Thread(target=target, name=f"chatrlhf {name}", daemon=True)
-    thread.start()
-    thread.join(timeout)
+    # The backstop for a function that never lets go of Python's lock (a regex that backtracks without end, one
+    # long C call): then neither this join's timeout nor a signal handler can run, and only faulthandler's own
+    # thread, outside the lock, still can: it prints where each thread is and ends the process (exit 1).
+    armed = _arm_backstop(timeout + LOCK_HELD_GRACE_S)
+    try:
+        thread.start()
+        thread.join(timeout)
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
     return (RUNNING, None) if thread.is_alive() else tuple(outcome)
+
+
+def _arm_backstop(seconds):
+    """faulthandler's dump-and-exit after `seconds`, to the process's standard error; False where it has none that
+    faulthandler can write to (a file descriptor)."""
+    try:
+        faulthandler.dump_traceback_later(seconds, exit=True, file=sys.__stderr__ or sys.stderr)
+    except (AttributeError, RuntimeError, ValueError, OSError):
+        return False
+    return True
 
 
 class _NotANumber(Exception):

@@ -3,7 +3,10 @@ or a file of the user's, and the checks on every call (an error naming the funct
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -379,3 +382,19 @@ def test_a_function_with_kwargs_alone_also_scores_prompts_that_are_no_row(questi
     assert call_reward_fn(loose, "score", [QUESTIONS[0]["prompt"]], ["x"]).tolist() == [1.0]
     scaled = load_reward_fn(f"{tmp_path}/loose.py:scaled", args)
     assert scaled.__name__ == "scaled" and scaled(["anything"], ["a"]) == [2.0]
+
+
+def test_a_reward_fn_that_holds_pythons_lock_still_ends_the_process(tmp_path):
+    """A regex that backtracks without end never lets go of Python's lock, so the thread's timeout cannot fire:
+    faulthandler's backstop, past the timeout, prints where the function is and ends the process."""
+    (tmp_path / "regex_reward.py").write_text(
+        "import re\n\ndef score(prompts, answers):\n"
+        "    return [float(bool(re.match(r'(a+)+$', 'a' * 40 + 'b'))) for _ in answers]\n")
+    script = ("import sys\nfrom utils.rl import reward_fns\nreward_fns.LOCK_HELD_GRACE_S = 1\n"
+              f"sys.path.insert(0, {str(tmp_path)!r})\nimport regex_reward\n"
+              "reward_fns.call_reward_fn(regex_reward.score, 'regex_reward.py:score', ['p'], ['a'])\n")
+    root = Path(reward_fns.__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, reward_fns.TIMEOUT_VARIABLE: "1"})
+    assert result.returncode == 1
+    assert result.stderr.startswith("Timeout (0:00:02)!") and "regex_reward.py\", line 4 in score" in result.stderr
