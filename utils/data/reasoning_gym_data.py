@@ -336,8 +336,8 @@ class Item:
 
     def reward(self, answer: str) -> float:
         """The score as an RL reward: the task's own, but full marks or nothing where its partial credit is the
-        default's containment, which RL learns to earn by hedging (gcd: "24" and "13" to every question, half
-        marks wherever the answer is 1, 2, 3 or 4, where the step-1 actor answered each question)."""
+        default's containment, which RL learns to earn by hedging (on gcd it came to answer "24" or "13" to every
+        question: half marks wherever the answer is 1, 2, 3 or 4)."""
         score = self.score(answer)
         return score if score >= 1.0 or not self.credits_containment else 0.0
 
