@@ -150,6 +150,12 @@ CASES = [
          ("{tmp}/deep.jsonl: line 9: JSON nested too deeply to read",)),
     Case("step1 a JSON array nested past the parser's depth", "step1", [*STEP1, "--data_path", "{tmp}/deep.json"],
          ("{tmp}/deep.json: JSON nested too deeply to read",)),
+    Case("step1 a data folder whose train.json is a folder", "step1", [*STEP1, "--data_path", "{tmp}/dir_split"],
+         ("{tmp}/dir_split/train.json is a folder, not a file",)),
+    Case("step1 a data folder whose train.json links to itself", "step1", [*STEP1, "--data_path", "{tmp}/loop_split"],
+         ("{tmp}/loop_split/train.json: a link to nothing",)),
+    Case("step1 a data path that links to itself", "step1", [*STEP1, "--data_path", "{tmp}/loop_path"],
+         ("{tmp}/loop_path: a link to nothing",)),
     Case("step1 a CSV header naming a column twice", "step1", [*STEP1, "--data_path", "{tmp}/twice.csv"],
          ("{tmp}/twice.csv: line 1 names the column 'chosen' twice",)),
     Case("step1 a CSV field whose quote is not closed where it ends", "step1", [*STEP1, "--data_path", "{tmp}/quote.csv"],
@@ -347,6 +353,11 @@ def write_hostile_data(tmp):
     deep = json.dumps(dict(GOOD_ROW, extra="DEEP")).replace('"DEEP"', "[" * 100000 + "]" * 100000)
     (tmp / "deep.jsonl").write_text("\n".join(lines + [deep]) + "\n")
     (tmp / "deep.json").write_text("[" + ", ".join(lines + [deep]) + "]")
+    for name in ("dir_split", "loop_split"):
+        write_jsonl(tmp / name / "eval.json", rows)
+    (tmp / "dir_split" / "train.json").mkdir()
+    (tmp / "loop_split" / "train.json").symlink_to("train.json")
+    (tmp / "loop_path").symlink_to("loop_path")
     (tmp / "quote.csv").write_text('prompt,chosen,rejected\n" Human: x Assistant:"," 3"," 4"\n'
                                    '" Human: oops Assistant:, 3, 4\n' + '" Human: x Assistant:"," 3"," 4"\n' * 8)
     (tmp / "twice.csv").write_text("prompt,chosen,chosen,rejected\n" + '" Human: x Assistant:"," 3"," 5"," 4"\n' * 8)

@@ -69,6 +69,8 @@ def get_raw_dataset(name: str, seed: int, columns: dict | None = None) -> RawDat
         if is_saved_dataset(os.path.expanduser(name)):
             return LoadedDataset.from_disk(name, seed=seed, columns=columns, chosen_splits=splits)
         return LocalJsonFile(name, seed=seed, columns=columns, splits=splits)
+    if os.path.islink(os.path.expanduser(name)):
+        raise DataError(f"{name}: a link to nothing (its target is missing, or the link loops)")
     unknown = (f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) and no such local "
                "path exists")
     if not HUB_NAME.fullmatch(name) or name.lower().removesuffix(".gz").endswith(LOCAL_SUFFIXES):

@@ -35,6 +35,8 @@ def regular_file(path, what=None):
     path = Path(path)
     what = what or str(path)
     if not path.exists():
+        if path.is_symlink():
+            raise DataError(f"{what}: a link to nothing (its target is missing, or the link loops)")
         raise DataError(f"{what}: file not found")
     if path.is_dir():
         raise DataError(f"{what} is a folder, not a file")
