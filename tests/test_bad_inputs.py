@@ -782,8 +782,8 @@ def test_bad_input_ends_in_one_error_line_and_leaves_no_output(case, tmp_path, s
 @pytest.mark.parametrize("path", ["as it is", "without the environment's bin/"])
 def test_a_failing_step_under_train_py_is_one_error_line_and_leaves_only_its_log(tmp_path, path):
     """A step that fails inside the launcher: train.py names the step and the step's own error line (its log's
-    tail only where it has none), and the step's folder holds nothing but the log it points to. The launcher is the running interpreter's own, also
-    when its folder is not on PATH (a venv's python run by its full path)."""
+    tail only where it has none), and the step's folder holds nothing but the log it points to. The launcher is
+    the running interpreter's own, also when its folder is not on PATH (a venv's python run by its full path)."""
     out = tmp_path / "out"
     bin_dir = str(Path(sys.executable).parent)
     env = {} if path == "as it is" else {
