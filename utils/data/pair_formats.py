@@ -72,7 +72,7 @@ from utils.runtime.errors import DataError
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 ROLES = ("system", "user", "assistant")
 ASSISTANT_MARK = "Assistant:"
-UNUSABLE = "unusable"
+UNUSABLE = "_chatrlhf_unusable"
 """The field of a row the text form cannot hold (its prompt and answers None): why, for the step's skip count."""
 TIE = "the responses are judged equal (a tie)"
 

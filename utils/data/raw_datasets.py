@@ -252,7 +252,7 @@ def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = N
     return read_rows(records, str(path), present, columns)
 
 
-ROW_COLUMNS = "row_columns"
+ROW_COLUMNS = "_chatrlhf_row_columns"
 """The column in which read_rows keeps, as JSON, a row's columns other than its text-form fields."""
 
 

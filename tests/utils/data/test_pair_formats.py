@@ -5,7 +5,7 @@ import json
 import pytest
 
 from utils.data import raw_datasets as rd
-from utils.data.pair_formats import read_pair
+from utils.data.pair_formats import UNUSABLE, read_pair
 from utils.data.prompting import parse_dialogue
 from utils.runtime.errors import DataError
 
@@ -298,7 +298,7 @@ def test_renaming_the_responses_of_a_ranked_file_is_refused_by_flag(tmp_path):
 ])
 def test_rows_the_text_form_cannot_hold_are_read_as_unusable_with_the_reason(row, reason):
     pair = read_pair(row, WHERE)
-    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair["unusable"]
+    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair[UNUSABLE]
 
 
 def test_a_speaker_mark_only_inside_a_word_or_without_its_colon_is_kept():
@@ -382,7 +382,7 @@ def test_more_layouts_of_two_responses_and_a_judgement_are_pairs(row, expected):
 ])
 def test_ties_and_conversations_that_part_early_are_unusable(row, reason):
     pair = read_pair(row, WHERE)
-    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair["unusable"]
+    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair[UNUSABLE]
 
 
 @pytest.mark.parametrize("row, message", [
@@ -516,7 +516,7 @@ def test_ranked_lists_and_more_instruction_layouts(row, expected):
 def test_bad_or_tied_ranked_lists(row, outcome):
     kind, message = outcome.split(": ", 1)
     if kind == "unusable":
-        assert read_pair(row, WHERE)["unusable"] == message
+        assert read_pair(row, WHERE)[UNUSABLE] == message
         return
     with pytest.raises(DataError) as err:
         read_pair(row, WHERE)

@@ -484,6 +484,13 @@ def test_csv_and_tsv_files_read_their_header_columns(tmp_path):
         rd.read_local_split(tmp_path / "ragged.csv")
 
 
+def test_columns_named_as_common_words_reach_the_rows_columns(tmp_path):
+    """A user's columns called row_columns or unusable are columns like any other: read_rows' own are named apart."""
+    row = {"prompt": " Human: q Assistant:", "chosen": " a", "rejected": " b", "row_columns": "x", "unusable": "y"}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    assert rd.row_columns(rd.read_local_split(tmp_path / "rows.jsonl")[0]) == row
+
+
 def test_gzipped_json_lines_read_as_hh_rlhf_ships_them(tmp_path):
     """Anthropic/hh-rlhf's files: harmless-base/train.jsonl.gz and test.jsonl.gz, whole dialogues."""
     import gzip
