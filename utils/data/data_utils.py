@@ -20,6 +20,7 @@ from utils.data.prompting import encode_prompt_text, model_answer, model_prompt,
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
                                      builtin_data_dir, is_saved_dataset, load_hub, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
+from utils.data.text_files import DEAD_LINK
 from utils.runtime.args import AUTO, column_flag, column_keys, is_auto
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
@@ -70,7 +71,7 @@ def get_raw_dataset(name: str, seed: int, columns: dict | None = None) -> RawDat
             return LoadedDataset.from_disk(name, seed=seed, columns=columns, chosen_splits=splits)
         return LocalJsonFile(name, seed=seed, columns=columns, splits=splits)
     if os.path.islink(os.path.expanduser(name)):
-        raise DataError(f"{name}: a link to nothing (its target is missing, or the link loops)")
+        raise DataError(f"{name}: {DEAD_LINK}")
     unknown = (f"unknown data set '{name}': it is not a known name ({', '.join(KNOWN_NAMES)}) and no such local "
                "path exists")
     if not HUB_NAME.fullmatch(name) or name.lower().removesuffix(".gz").endswith(LOCAL_SUFFIXES):

@@ -634,10 +634,9 @@ def _split_files(directory: Path, split: str) -> list[Path]:
     shard = re.compile(rf"{re.escape(split)}(-\d+-of-\d+)?({'|'.join(map(re.escape, LOCAL_SUFFIXES))})"
                        rf"({re.escape(GZIP_SUFFIX)})?", re.IGNORECASE)
     for folder in (path for path in (directory, directory / "data") if path.is_dir()):
-        named = sorted(p for p in folder.iterdir() if shard.fullmatch(p.name))
-        for path in named:
+        found = sorted(p for p in folder.iterdir() if shard.fullmatch(p.name))
+        for path in found:
             regular_file(path)  # a folder, pipe or broken link under a split's name: said as such, not "no such file"
-        found = named
         whole = [p for p in found if not shard.fullmatch(p.name).group(1)]
         if len(whole) > 1:
             raise DataError(f"{folder}: both {whole[0].name} and {whole[1].name} exist; keep one")

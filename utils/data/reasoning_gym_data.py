@@ -539,17 +539,19 @@ class Verifier:
 
     def score(self, prompts: list[str], answers: list[str]) -> list[float]:
         """Each answer's score in [0, 1] by the task of its prompt (see Item.score)."""
-        if len(prompts) != len(answers):
-            raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
-        return [self.item(prompt).score(answer) for prompt, answer in zip(prompts, answers)]
+        return self._by_item(prompts, answers, Item.score)
 
     __call__ = score
 
     def reward(self, prompts: list[str], answers: list[str]) -> list[float]:
         """Each answer's RL reward by the task of its prompt (see Item.reward)."""
+        return self._by_item(prompts, answers, Item.reward)
+
+    def _by_item(self, prompts: list[str], answers: list[str], judge) -> list[float]:
+        """judge(item, answer) for each answer, item the question its prompt asks."""
         if len(prompts) != len(answers):
             raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
-        return [self.item(prompt).reward(answer) for prompt, answer in zip(prompts, answers)]
+        return [judge(self.item(prompt), answer) for prompt, answer in zip(prompts, answers)]
 
     def summarize(self, prompts: list[str], answers: list[str]) -> dict[str, float]:
         """Mean score overall ("all") and per task, tasks in order of first appearance, and "solved": the share

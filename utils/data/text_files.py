@@ -30,13 +30,17 @@ def encoding_problem(start, what):
     return None
 
 
+DEAD_LINK = "a link to nothing (its target is missing, or the link loops)"
+"""What a path is that links to no file: regular_file's message, and a data path's."""
+
+
 def regular_file(path, what=None):
     """`path` as a Path if it is a regular file; DataError naming it otherwise (missing, a folder, a pipe...)."""
     path = Path(path)
     what = what or str(path)
     if not path.exists():
         if path.is_symlink():
-            raise DataError(f"{what}: a link to nothing (its target is missing, or the link loops)")
+            raise DataError(f"{what}: {DEAD_LINK}")
         raise DataError(f"{what}: file not found")
     if path.is_dir():
         raise DataError(f"{what} is a folder, not a file")
