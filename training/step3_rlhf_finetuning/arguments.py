@@ -147,6 +147,12 @@ def add_ppo_args(parser):
         help="Rollout sampler: native (inference/sampling.py: a KV-cache loop that drops finished rows, runs a "
              "shared prompt prefix once and draws one uniform per row; faster on CPU) or hf (Hugging Face "
              "generate). Models whose forward takes no position_ids always use hf.")
+    add("--rollout_logprobs", action="store_true",
+        help="Take the actor's log-probs before the update (PPO's old policy) from the native sampler's own "
+             "logits instead of a forward pass over the rollouts: one forward pass of the actor fewer a round. "
+             "They differ from a training pass's by rounding (most in bf16, where the sampler's cached decoding "
+             "and a whole forward pass round apart); where the sampler does not decode (--generation_backend hf, "
+             "a model it does not support), the forward pass runs as without the flag.")
     add("--kl_coef", type=float, default=0.1, help="KL penalty coefficient (initial value if adaptive); 0, without "
         "--use_kl_loss: no reference model is made or run (utils/rl/kl.py uses_reference).")
     add("--kl_estimator", type=str, default="k1", choices=tuple(KL_ESTIMATORS),

@@ -95,6 +95,17 @@ class PPOTrainer:
                 synced_gpus=self.zero3_generation, use_cache=True, **NEUTRAL_PROCESSORS, **NEUTRAL_SAMPLING)
         return seq
 
+    def sample_with_logprobs(self, prompts, prompt_mask):
+        """--rollout_logprobs: (seq, the sampler's log-probs of the answer tokens (B, A)) where the native sampler
+        decodes, else (generate_sequence's seq, None)."""
+        args = self.args
+        if args.generation_backend != "native" or not supports_native_sampling(self.actor.module):
+            return self.generate_sequence(prompts, prompt_mask), None
+        with gathered_for_generation(self.actor):
+            return sample(self.actor.module, prompts, prompt_mask, args.max_answer_seq_len, args.temperature,
+                          args.top_p, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+                          synced=self.zero3_generation, return_logprobs=True)
+
     def answer_logprobs(self, model, seq, attention_mask, prompt_len, with_entropy=False):
         """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked): a group's
         prompt runs once, and the answers' logits are never held whole (`answer_logprobs`)."""
@@ -121,15 +132,19 @@ class PPOTrainer:
             prompt_texts = None if prompt_texts is None else [text for text in prompt_texts for _ in range(group)]
         generate_start = time.perf_counter()
         self.actor.eval()
-        tool_stats = {}
+        tool_stats, sampled_logprobs = {}, None  # the sampler's own log-probs, with --rollout_logprobs
         if self.tools is None:
-            seq = self.generate_sequence(prompts, prompt_mask)
+            if args.rollout_logprobs:
+                seq, sampled_logprobs = self.sample_with_logprobs(prompts, prompt_mask)
+            else:
+                seq = self.generate_sequence(prompts, prompt_mask)
             action_mask = answer_action_mask(seq[:, prompts.shape[1]:], self.tokenizer.eos_token_id)
             attention_mask = torch.cat([prompt_mask, action_mask.to(prompt_mask.dtype)], dim=1)
         else:
             rollout = self.generate_with_tools(prompts, prompt_mask)
             seq, action_mask, attention_mask, tool_stats = (rollout.seq, rollout.action_mask, rollout.attention_mask,
                                                             rollout.stats())
+            sampled_logprobs = rollout.logprobs if args.rollout_logprobs else None
         generate_time = time.perf_counter() - generate_start
 
         prompt_len = prompts.shape[1]
@@ -149,7 +164,7 @@ class PPOTrainer:
             stats["zero_variance_groups"] = float(equal.sum().item())
             if args.filter_zero_variance:  # DAPO's dynamic sampling: such a group has nothing to teach
                 keep = (~equal).repeat_interleave(group)
-        logprobs, ref_logprobs, values = self.old_policy(seq, attention_mask, prompt_len, keep)
+        logprobs, ref_logprobs, values = self.old_policy(seq, attention_mask, prompt_len, keep, sampled_logprobs)
         seq, attention_mask, action_mask = seq[keep], attention_mask[keep], action_mask[keep]
         raw_scores, scores = raw_scores[keep], scores[keep]
         if values is not None:
@@ -174,11 +189,12 @@ class PPOTrainer:
             positive=positive,
             stats={**stats, "generate_time": generate_time, "generated_tokens": int(lengths.sum().item())})
 
-    def old_policy(self, seq, attention_mask, prompt_len, keep):
+    def old_policy(self, seq, attention_mask, prompt_len, keep, sampled_logprobs=None):
         """(logprobs, ref_logprobs, values) of the rows `keep` marks, (B', A) each (values None without a critic),
-        from the actor, reference and critic before the update. The rows dropped by --filter_zero_variance cost
-        no forward pass, except under ZeRO-3 over several processes, whose forward passes must stay in step:
-        there every row runs and the kept ones are picked after."""
+        from the actor, reference and critic before the update; the actor's are `sampled_logprobs` (the sampler's
+        own, --rollout_logprobs) where given. The rows dropped by --filter_zero_variance cost no forward pass,
+        except under ZeRO-3 over several processes, whose forward passes must stay in step: there every row runs
+        and the kept ones are picked after."""
         runs = torch.ones_like(keep) if self.zero3_generation else keep
         seq, attention_mask, picked = seq[runs], attention_mask[runs], keep[runs]
         if seq.shape[0] == 0:  # nothing kept on this process (a forward pass takes no empty batch)
@@ -187,7 +203,8 @@ class PPOTrainer:
         if self.critic is not None:
             self.critic.eval()
         with torch.no_grad():
-            logprobs = self.answer_logprobs(self.actor, seq, attention_mask, prompt_len)[picked]
+            logprobs = (sampled_logprobs[keep].float() if sampled_logprobs is not None
+                        else self.answer_logprobs(self.actor, seq, attention_mask, prompt_len)[picked])
             ref_logprobs = (logprobs if self.ref is None  # no KL term: a KL of 0 that nothing reads
                             else self.answer_logprobs(self.ref, seq, attention_mask, prompt_len)[picked])
             values = None

@@ -213,6 +213,32 @@ def test_first_ppo_minibatch_has_ratio_exactly_one_with_dropout_off(engine, tiny
     assert abs(again["ratio_mean"] - 1.0) > 1e-7 or again["approx_kl"] > 0
 
 
+def test_rollout_logprobs_are_the_samplers_own_and_spare_the_actors_forward_pass(engine, tiny_tokenizer):
+    """--rollout_logprobs: the old policy's log-probs come from the sampler (equal to a forward pass's to
+    rounding in fp32), the actor runs no forward pass for them, and the rows --filter_zero_variance drops are
+    dropped from them too."""
+    prompts, prompt_mask = prompt_batch(tiny_tokenizer)
+    runs = {}
+    for flag in (False, True):
+        trainer = make_trainer(engine, rollout_logprobs=flag)
+        forwards = []
+        scoring = trainer.answer_logprobs
+        trainer.answer_logprobs = lambda model, *rest, **kw: forwards.append(model) or scoring(model, *rest, **kw)
+        torch.manual_seed(5)
+        runs[flag] = trainer.generate_experience(prompts, prompt_mask), forwards
+    (recomputed, recompute_forwards), (sampled, sampled_forwards) = runs[False], runs[True]
+    assert torch.equal(recomputed.seq, sampled.seq)  # the same rollouts
+    mask = sampled.action_mask
+    assert (recomputed.logprobs - sampled.logprobs).abs().mul(mask).max() < 1e-5
+    assert engine.actor in recompute_forwards and engine.actor not in sampled_forwards
+    assert engine.ref in sampled_forwards  # the reference still runs (a KL term)
+    keep = torch.tensor([True, False, True, False])
+    trainer = make_trainer(engine, rollout_logprobs=True)
+    logprobs, _, _ = trainer.old_policy(sampled.seq, sampled.attention_mask, sampled.prompt_len, keep,
+                                        sampled.logprobs)
+    assert torch.equal(logprobs, sampled.logprobs[keep])
+
+
 def test_ratio_is_exactly_one_under_zero3_hybrid_engine_lora_and_ema(distributed, step3_model_dirs,
                                                                      tiny_tokenizer):
     engine = build_engine(*step3_model_dirs, tiny_tokenizer, "--actor_zero_stage", "3", "--critic_zero_stage", "3",
