@@ -25,7 +25,10 @@ alternated, since a shared machine is noisy), in the dtype `--dtype auto` picks 
   10. only when asked (`--sections compile`): step 1's tokens/s and MFU with --compile against without (one engine
       run compiled and eager in alternation), for each of --models, and the seconds the compile took;
   11. the output layer fused with the labels' log-probs against the model's full logits (bench/head.py): step 1's
-      train tokens/s and step 3's actor update pass, for each of --models but llama-100m (not in --quick).
+      train tokens/s and step 3's actor update pass, for each of --models but llama-100m (not in --quick);
+  12. a critic-free RL round as the SmolLM2 reasoning-gym recipe runs it, the old policy's log-probs from the
+      sampler (`--rollout_logprobs`) against a forward pass (bench/rl_round.py; each of --models but llama-100m;
+      not in --quick).
 
 The tables and a plot of the ratios are written beside each other under docs/ (`--report`, bench/report.py) with
 the CPU, the dtype, the commit and the command, so that no table of these figures is typed by hand.
@@ -45,8 +48,8 @@ from utils.runtime.errors import ArgumentParser, ConfigError, cli_entry
 from utils.runtime.paths import check_writable_file
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
-SECTIONS = ("step1", "rollout", "ppo", "memory", "packing", "groups", "head")
-NOT_QUICK = ("packing", "groups", "head")
+SECTIONS = ("step1", "rollout", "ppo", "memory", "packing", "groups", "head", "grpo")
+NOT_QUICK = ("packing", "groups", "head", "grpo")
 OPT_IN_SECTIONS = ("threads", "compile", "sampler")
 TARGETS = {"step1_ratio": 0.9, "rollout_ratio": 1.0, "mfu_100m": 0.4, "busy_slowdown": 2.5, "packing_ratio": 1.3,
            "step1_smollm2_ratio": 1.5}
@@ -123,6 +126,8 @@ def main(argv=None):
         for model in args.models:
             print(f"step 3: answer groups, {model}", flush=True)
             results["groups"][model] = measure_groups(model, args.repeats, args.warmup)
+    if "grpo" in args.sections:
+        results["grpo"] = run_grpo(args)
     if "sampler" in args.sections:
         results["sampler"] = run_sampler(args)
     if "threads" in args.sections:
@@ -205,6 +210,20 @@ def run_head(args):
         for shape in SHAPES:
             results[f"{model} step 3 {shape}"] = measure_head_step3(model, shape, args.repeats, args.warmup)
             gc.collect()
+    return results
+
+
+def run_grpo(args):
+    """Section 12: an RL round with the sampler's log-probs against a forward pass's, for each model."""
+    import gc
+
+    from bench.rl_round import measure_grpo_round
+
+    results = {}
+    for model in (m for m in args.models if m != "llama-100m"):
+        print(f"step 3 grpo round: {model}", flush=True)
+        results[model] = measure_grpo_round(model, args.repeats, args.warmup)
+        gc.collect()
     return results
 
 
@@ -359,6 +378,11 @@ def format_report(results):
         lines.append(f"| {what}, {label.split(' step')[0]} (vocabulary {r['vocab_size']}): fused output layer vs "
                      f"full logits | {spread(r['ours'][unit])} | {spread(r['baseline'][unit])} | "
                      f"{spread(r['ratio'], digits=3)} | |")
+    for model, r in results.get("grpo", {}).items():
+        lines.append(f"| step 3 GRPO round, rollouts/s, {model} {r['dtype']} ({r['prompts']} prompts x {r['group']} "
+                     f"answers of <= {r['max_new_tokens']} tokens, minibatches of {r['training_batch_size']}, LoRA): "
+                     f"old log-probs from the sampler vs a forward pass | {spread(r['ours']['rollouts'])} | "
+                     f"{spread(r['baseline']['rollouts'])} | {spread(r['ratio'], digits=3)} | |")
     for model, r in results.get("mfu", {}).items():
         target = f">= {TARGETS['mfu_100m']:.0%}" if model == "llama-100m" else ""
         lines.append(f"| MFU, step 1 {model} {r['dtype']} (of the {r['dtype']} matmul peak, "

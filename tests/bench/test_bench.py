@@ -160,3 +160,17 @@ def test_sampler_section_measures_a_zero3_actor_gathered_against_partitioned(one
     result = measure_sampler("tiny", "groups", 4, "fp32", repeats=1, warmup=0, batches=1, zero3=True)
     assert result["model"] == "tiny, ZeRO-3 gathered" and result["baseline_decoding"] == "ours, ZeRO-3 partitioned"
     assert all(0 < result[side]["tokens"][0] < math.inf for side in ("ours", "baseline"))
+
+
+def test_grpo_section_times_rounds_with_and_without_the_samplers_logprobs(one_thread, distributed):
+    """bench/rl_round.py on the tiny model: a GRPO round timed with the sampler's log-probs and with a forward
+    pass's, both sides training on every row (no dynamic sampling). No speed threshold (the figure is the
+    bench's)."""
+    from bench.rl_round import DYNAMIC_SAMPLING, measure_grpo_round, recipe_flags_without_dynamic_sampling
+
+    flags = recipe_flags_without_dynamic_sampling()
+    assert not set(DYNAMIC_SAMPLING) & set(flags) and "--num_samples_per_prompt" in flags
+    result = measure_grpo_round("tiny", repeats=1, warmup=0)
+    assert (result["prompts"], result["group"], result["training_batch_size"], result["rounds"]) == (4, 8, 16, 2)
+    assert len(result["ratio"]) == 1 and result["ratio"][0] > 0
+    assert result["ours"]["rollouts"][0] > 0 and result["baseline"]["rollouts"][0] > 0
