@@ -113,7 +113,8 @@ def build_parser():
     parser.add_argument("--data-path", nargs="+", default=None,
                         help="The data of every stage (each stage's own default: builtin); see the README's Data.")
     parser.add_argument("--data-split", default=None,
-                        help="Every stage's --data_split (default 2,4,4: step N trains on part N).")
+                        help="Every stage's --data_split (default 2,4,4: step N trains on part N; on your own data the "
+                             "parts of steps that do not run go to those that do, e.g. 2,4,0 for DPO).")
     parser.add_argument("--seed", type=int, default=None, help="Every stage's --seed (each stage's default: 1234).")
     add_column_args(parser, dashes=True, description=(
         "Which columns of --data-path's local files, hub data sets or save_to_disk folders hold the fields of the row "

@@ -216,7 +216,25 @@ def test_a_local_file_of_prompts_alone_skips_step_1_and_one_with_answers_does_no
                        "--data-split", "1,1,1")
     assert flag(mine["rl"], "--data_split") == "1,1,1"
     stage_commands, _ = commands("--algorithm", "rloo", "--reward-fn", "builtin", "--data-path", str(answered))
-    assert list(stage_commands) == ["sft", "rl"] and flag(stage_commands["rl"], "--data_split") is None
+    assert list(stage_commands) == ["sft", "rl"]
+    assert {flag(command, "--data_split") for command in stage_commands.values()} == {"2,0,4"}  # no part unread
+
+
+@pytest.mark.parametrize("algorithm, split", [("dpo", "2,4,0"), ("kto", "2,4,0"), ("orpo", "0,4,0"),
+                                              ("ppo", None), ("grpo", None)])
+def test_on_the_users_data_no_part_of_the_split_goes_to_a_step_that_does_not_run(tmp_path, algorithm, split):
+    """Before: DPO and KTO read parts 1 and 2 of 2,4,4 and ORPO part 2, leaving 40-60% of the user's rows
+    unread. Every stage of a run takes the same split; the built-in task and reasoning-gym specs keep 2,4,4, as
+    does a --data-split given."""
+    write_rows(tmp_path, "pairs.jsonl")
+    data = ["--data-path", str(tmp_path / "pairs.jsonl"), "--pair-judge", "none", "--algorithm", algorithm]
+    stage_commands, _ = commands(*data, "--step", "1", "2", "3")
+    assert {flag(command, "--data_split") for command in stage_commands.values()} == {split}
+    assert {flag(command, "--data_split") for command in commands(*data, "--data-split", "1,1,1")[0].values()} \
+        == {"1,1,1"}
+    builtin, _ = commands("--pair-judge", "none", "--algorithm", algorithm)
+    gym, _ = commands("--data-path", "reasoning_gym:chain_sum", "--pair-judge", "none", "--algorithm", algorithm)
+    assert {flag(command, "--data_split") for command in [*builtin.values(), *gym.values()]} == {None}
 
 
 def test_a_data_path_that_is_no_known_name_and_no_file_is_refused_before_any_step(tmp_path):
@@ -432,7 +450,8 @@ def test_pair_judge_samples_step_2s_pairs_from_the_step_1_actor_and_step_2_reads
     recipe = shlex.join(recipe_flags("tiny", "pairs"))
     assert recipe and f"{recipe} --model_name_or_path out/actor-models/tiny --reward_fn builtin --output_dir " \
         "out/sampled-pairs/tiny --samples_per_prompt 6" in text  # --pair-samples after the recipe: it wins
-    assert text.endswith("--resume --data_path a.jsonl --seed 7")  # the prompts: part 2 of the pipeline's data
+    split = " --data_split 2,4,0" if algorithm == "dpo" else ""  # no step 3 to read part 3 of the user's data
+    assert text.endswith(f"--resume --data_path a.jsonl --seed 7{split}")  # the prompts: part 2 of the data
     step2_text = shlex.join(stage_commands[step2])
     assert step2_text.endswith(f"--data_path out/sampled-pairs/tiny --data_split {PAIRS_DATA_SPLIT}")  # wins
     for stage in set(stage_commands) - {"pairs", step2}:

@@ -21,10 +21,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from training.recipes import recipe_flags
+from training.recipes import data_kind, recipe_flags
 from utils.data.data_utils import parse_data_split
 from utils.rl.estimators import CRITIC_FREE, ESTIMATORS
-from utils.runtime.args import column_flag, column_keys
+from utils.runtime.args import DATA_SPLIT, column_flag, column_keys
 from utils.runtime.errors import ConfigError, DataError
 from utils.runtime.trackers import NONE
 
@@ -114,6 +114,21 @@ PAIR_STAGES = ("reward", "dpo", "orpo")
 WHOLE_DATA_SPLIT = "0,0,1"
 """The --data_split of step 3 where no other stage reads the data (prompts alone, a reward function): all of it,
 rather than the 40% of 2,4,4 with the rest unread."""
+
+
+def default_data_split(names, data_paths):
+    """The --data_split the runs `names` take where --data-split is not given, so that no part of the data goes
+    unread: WHOLE_DATA_SPLIT where step 3 alone reads it; on the user's own data (files, hub data sets) DATA_SPLIT
+    with the parts of the steps that do not run given nothing (DPO, KTO: 2,4,0, step 1 a third and step 2 two
+    thirds; ORPO: 0,4,0, all of it; critic-free RL on a reward function: 2,0,4); None (each step's DATA_SPLIT)
+    otherwise. The built-in task and reasoning-gym specs make as many rows as asked: their parts stay DATA_SPLIT's."""
+    steps = {STAGES[name].step for name in names}
+    if steps == {3}:
+        return WHOLE_DATA_SPLIT
+    parts = DATA_SPLIT.split(",")
+    if data_kind(data_paths) != "user" or steps >= set(range(1, len(parts) + 1)):
+        return None
+    return ",".join(part if step in steps else "0" for step, part in enumerate(parts, 1))
 
 
 @dataclass(frozen=True)
@@ -229,7 +244,7 @@ class Run:
     dirs: dict  # {stage: folder} as it sees them: its own output, and in round k > 1 of --pair-rounds the round's
     # folders, "sft" (the actor it starts from) being the actor round k - 1 trained
     round: int = 1
-    whole_data: bool = False  # the only stage that reads --data-path: it takes all of it (WHOLE_DATA_SPLIT)
+    data_split: str = None  # its --data_split where --data-split is not given (default_data_split; None: DATA_SPLIT)
 
     @property
     def spec(self):
@@ -278,12 +293,12 @@ def plan(args):
                for name, k in rounds}
     folders.setdefault("sft", args.actor_model)  # without step 1 the later steps start from the base model
     actor = next((name for name in repeating if STAGES[name].trains == "actor"), None)
-    alone = names == ["rl"]  # no step 1 (no answers to imitate), no reward model (a reward function), no pairs
+    split = default_data_split(names, args.data_path)
     runs = []
     for name, k in rounds:
         dirs = folders if k == 1 else {**folders, **{other: folders[run_name(other, k)] for other in repeating},
                                        "sft": folders[run_name(actor, k - 1)]}
-        runs.append(Run(run_name(name, k), name, dirs, k, whole_data=alone))
+        runs.append(Run(run_name(name, k), name, dirs, k, data_split=split))
     return runs
 
 
@@ -407,9 +422,9 @@ def column_flags(args):
 
 def step_command(args, run):
     """The command of one run. A step: `bash run.sh` with its Stage's flags and its algorithm's, its recipe, the
-    pipeline-wide flags, step 2's sampled pairs (the round's folder, whole), then the user's --stepN-args (last, so
-    they win). A script: `python <script>`, its recipe, its flags (after the recipe's, so they win), then the
-    pipeline-wide data flags."""
+    pipeline-wide flags and the run's default_data_split, step 2's sampled pairs (the round's folder, whole), then
+    the user's --stepN-args (last, so they win). A script: `python <script>`, its recipe, its flags (after the
+    recipe's, so they win), then the pipeline-wide data flags and the run's default_data_split."""
     from utils.data.sampled_pairs import PAIRS_DATA_SPLIT  # loads datasets: --help and flag errors answer first
 
     spec, algorithm = run.spec, ALGORITHMS[args.algorithm]
@@ -418,14 +433,14 @@ def step_command(args, run):
     keys = spec.recipes + (spec.pairs_recipes if args.pair_judge else ()) + own.recipes
     keys += tuple(f"{key}_reward_fn" for key in own.recipes if reward_fn_given(args))  # RL on a reward function
     recipe = [flag for key in keys for flag in recipe_flags(stage_model(args, run.stage), key, args.data_path)]
-    recipe += ["--data_split", WHOLE_DATA_SPLIT] if run.whole_data and not args.data_split else []
+    split = ["--data_split", run.data_split] if run.data_split and not args.data_split else []
     if spec.script:
-        return [sys.executable, str(ROOT / spec.script), *recipe, *flags, *script_flags(args)]
+        return [sys.executable, str(ROOT / spec.script), *recipe, *flags, *script_flags(args), *split]
     script = ROOT / "training" / spec.folder / "training_scripts" / args.deployment_type / "run.sh"
     pairs = ["--data_path", str(run.dirs["pairs"]), "--data_split", PAIRS_DATA_SPLIT] \
         if "pairs" in run.dirs and spec.step == 2 else []
     # Sampled pairs are written in the standard columns: the data's own column names do not apply to them.
-    return ["bash", str(script), *flags, *recipe, *pipeline_flags(args, data_columns=not pairs), *pairs,
+    return ["bash", str(script), *flags, *recipe, *pipeline_flags(args, data_columns=not pairs), *split, *pairs,
             *shlex.split(getattr(args, f"step{spec.step}_args"))]
 
 

@@ -33,12 +33,16 @@ def registry_help(rows, source):
     return "; ".join(f"{name}: {row.help}" for name, row in rows.items()).replace("%", "%%") + f" ({source})."
 
 
+DATA_SPLIT = "2,4,4"
+"""Every step's default --data_split (DeepSpeed-Chat's): step N trains on part N of each data set."""
+
+
 def add_data_args(parser, default_max_seq_len=256, data_path_nargs="*"):
     """The data sets and their split (`utils/data/data_utils.py`), with --max_seq_len unless default_max_seq_len is
     None."""
     group = parser.add_argument_group("data")
     add_data_path_arg(group, nargs=data_path_nargs)
-    group.add_argument("--data_split", type=str, default="2,4,4",
+    group.add_argument("--data_split", type=str, default=DATA_SPLIT,
                        help="Proportions of each data set for steps 1, 2 and 3, e.g. 2,4,4.")
     group.add_argument("--data_output_path", type=str, default="/tmp/data_files/",
                        help="Where the shuffled split indices are cached (a local, non-shared folder).")
