@@ -630,8 +630,9 @@ def split_choice(name: str) -> tuple[str, dict[str, str]]:
 
 def _split_files(directory: Path, split: str) -> list[Path]:
     """A local folder's files of split `split`: `<split>.json` (or .jsonl, .parquet), or the shards a hub data
-    set's snapshot holds (`<split>-00000-of-00002.parquet` ...), in the folder or its `data/` folder; [] if none."""
-    shard = re.compile(rf"{re.escape(split)}(-\d+-of-\d+)?({'|'.join(map(re.escape, LOCAL_SUFFIXES))})"
+    set's snapshot holds (`<split>-00000-of-00002.parquet`, with or without a content hash after it:
+    `<split>-00000-of-00001-a09b74b3ef9c3b56.parquet`), in the folder or its `data/` folder; [] if none."""
+    shard = re.compile(rf"{re.escape(split)}(-\d+-of-\d+(?:-[0-9a-f]+)?)?({'|'.join(map(re.escape, LOCAL_SUFFIXES))})"
                        rf"({re.escape(GZIP_SUFFIX)})?", re.IGNORECASE)
     for folder in (path for path in (directory, directory / "data") if path.is_dir()):
         found = sorted(p for p in folder.iterdir() if shard.fullmatch(p.name))

@@ -106,21 +106,25 @@ def test_a_data_path_chooses_its_splits(tmp_path):
         get_raw_dataset(f"{tmp_path / 'h4'}?split=train_prefs", 7, RENAMED)
 
 
-def test_a_folder_of_hub_shards_reads_its_splits_by_name(tmp_path):
-    """A hub data set's snapshot: data/<split>-00000-of-00002.parquet ..., read shard by shard."""
+@pytest.mark.parametrize("hashes", [("", "", ""), ("-a3ecf92756993583", "-0f4bd5d1b0c6c1a2", "-3d4cd8309148a71f")])
+def test_a_folder_of_hub_shards_reads_its_splits_by_name(tmp_path, hashes):
+    """A hub data set's snapshot: data/<split>-00000-of-00002.parquet ..., read shard by shard; also where each
+    shard's name ends in a content hash (tatsu-lab/alpaca, HuggingFaceH4/ultrachat_200k), which was not found."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     (tmp_path / "snap" / "data").mkdir(parents=True)
     rows = PREFS["train"]
     for index, part in enumerate((rows[:12], rows[12:])):
-        pq.write_table(pa.Table.from_pylist(part), tmp_path / "snap" / "data" / f"train_prefs-0000{index}-of-00002.parquet")
-    pq.write_table(pa.Table.from_pylist(PREFS["validation"]), tmp_path / "snap" / "data" / "test_prefs-00000-of-00001.parquet")
+        pq.write_table(pa.Table.from_pylist(part),
+                       tmp_path / "snap" / "data" / f"train_prefs-0000{index}-of-00002{hashes[index]}.parquet")
+    test_file = tmp_path / "snap" / "data" / f"test_prefs-00000-of-00001{hashes[2]}.parquet"
+    pq.write_table(pa.Table.from_pylist(PREFS["validation"]), test_file)
     raw = get_raw_dataset(f"{tmp_path / 'snap'}?train=train_prefs&eval=test_prefs", 7, RENAMED)
     assert triples(raw.get_train_data(), raw) == [(r["question"], r["good"], r["bad"]) for r in rows]
     assert len(raw.get_eval_data()) == len(PREFS["validation"])
     with pytest.raises(ConfigError, match="a single file has no splits to choose"):
-        get_raw_dataset(f"{tmp_path / 'snap' / 'data' / 'test_prefs-00000-of-00001.parquet'}?train=x", 7, RENAMED)
+        get_raw_dataset(f"{test_file}?train=x", 7, RENAMED)
 
 
 def test_renamed_columns_reach_every_row_shape(tmp_path):
