@@ -51,10 +51,14 @@ decides which), their columns first renamed to these fields by the --<field>_key
    (`preferred_output` and `non_preferred_output` messages, the prompt's in `input.messages`): read as chosen and
    rejected, the prompt as in shapes 3 and 7.
 
+Messages may be OpenAI's: content as a list of text parts, the `developer` role as `system`. A KTO `label` may be
+1 or 0, or a CSV file's text of a bool.
+
 A row that the text form cannot hold faithfully is read as unusable, with the reason (`UNUSABLE`), and each step
 skips and counts it: HH dialogues or conversations that differ before their last turn (the answers would carry the
-later turns), two responses judged equal, and messages whose text holds a speaker mark (`Human:`, `Assistant:`),
-which would read back as turns of their own.
+later turns), two responses judged equal, messages whose text holds a speaker mark (`Human:`, `Assistant:`),
+which would read back as turns of their own, conversations with tool calls or results or a part that is not text,
+and ShareGPT dumps' empty chats and chats that start with the assistant (the tail of a split chat).
 An empty answer message is no answer, as an empty HH answer. Anything else is a `DataError` naming the row and
 field.
 """
@@ -71,6 +75,12 @@ from utils.runtime.errors import DataError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 ROLES = ("system", "user", "assistant")
+TOOL_ROLES = ("tool", "function", "ipython")
+"""Roles of tool results (OpenAI, Llama 3): a conversation holding one is unusable (the text form has no tool turn)."""
+LABELS = {True: True, False: False, "true": True, "false": False, "1": True, "0": False}
+"""A KTO `label` as data sets write it: a bool, 1 or 0, or a CSV file's text of one (`True`, `false`, `1`, `0`)."""
+TEXT_PARTS = ("text", "input_text", "output_text")
+"""The `type`s of OpenAI's content parts that are text."""
 ASSISTANT_MARK = "Assistant:"
 UNUSABLE = "_chatrlhf_unusable"
 """The field of a row the text form cannot hold (its prompt and answers None): why, for the step's skip count."""
@@ -324,6 +334,8 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "model": "assistant", "chatgpt": "assistant", "bard": "assistant", "bing": "assistant",
                   "system": "system"}
 """ShareGPT's speakers (`from`) as roles."""
+SHAREGPT_TOOLS = ("function_call", "observation", "tool", "function")
+"""ShareGPT's speakers of tool calls and results (glaive, LLaMA-Factory): a conversation with one is unusable."""
 INSTRUCTION_PROMPTS = ("question", "problem", "query", "input")
 """Other names of a prompt string, where a row has no `prompt` (nor `instruction`): Orca's and GSM8K's, MATH's,
 MetaMathQA's, OpenRLHF's default."""
@@ -345,7 +357,7 @@ def _instruction_layout(value: dict, where: str) -> dict:
             value["prompt"] = messages
             for field in ("chosen", "rejected"):
                 if isinstance(value.get(field), dict):
-                    value[field] = _sharegpt([value[field]], where, field)
+                    value[field] = _sharegpt([value[field]], where, field, conversation=False)
         elif messages[-1]["role"] == "assistant":
             value["messages"] = messages
         else:  # a chat that ends with the user's turn: a prompt
@@ -378,20 +390,37 @@ def _text(value: dict, field: str, where: str) -> str:
     return value[field]
 
 
-def _sharegpt(value: Any, where: str, field: str) -> list[dict]:
-    """ShareGPT's `{"from", "value"}` messages (or `{"role", "content"}` ones) as checked messages."""
+def _sharegpt(value: Any, where: str, field: str, conversation: bool = True) -> list[dict]:
+    """ShareGPT's `{"from", "value"}` messages (or `{"role", "content"}` ones) as checked messages. What real dumps
+    hold besides whole chats is unusable rather than an error for the whole file: a conversation with tool turns
+    (SHAREGPT_TOOLS) and, unless the messages are an answer (not `conversation`), an empty one or one that starts
+    with the assistant (the tail of a split chat); the assistant's consecutive turns (a split answer) are one."""
     if not isinstance(value, list):
         raise DataError(f"{where}: field '{field}' must be a list of messages")
+    if not value and conversation:
+        raise Unusable("an empty conversation")
     messages = []
     for index, message in enumerate(value):
         if isinstance(message, dict) and "from" in message:
+            if message["from"] in SHAREGPT_TOOLS:
+                raise Unusable("the conversation holds tool calls or tool results")
             role = SHAREGPT_ROLES.get(message["from"])
             if role is None:
                 raise DataError(f"{where}: field '{field}', message {index}: speaker {message['from']!r} is none of "
                                 f"{', '.join(SHAREGPT_ROLES)}")
             message = {"role": role, "content": message.get("value")}
         messages.append(message)
-    return _messages(messages, where, field)
+    messages = _messages(messages, where, field)
+    spoken = [message for message in messages if message["role"] != "system"]
+    if conversation and spoken and spoken[0]["role"] == "assistant":
+        raise Unusable("the conversation starts with the assistant")
+    merged = []
+    for message in messages:
+        if merged and message["role"] == merged[-1]["role"] == "assistant":
+            merged[-1] = {**merged[-1], "content": f"{merged[-1]['content']}\n\n{message['content']}"}
+        else:
+            merged.append(message)
+    return merged
 
 
 def _history(history: Any, where: str) -> list[dict]:
@@ -447,10 +476,10 @@ def _unpaired(value: dict, where: str) -> dict[str, str | None]:
 def _labelled(value: dict, where: str) -> dict[str, str | None]:
     """A prompt with one answer (`completion`) labelled desirable (`label` true: the row's chosen) or undesirable
     (false: its rejected, with no chosen)."""
-    label = value["label"]
+    label = LABELS.get(value["label"].strip().lower() if isinstance(value["label"], str) else value["label"])
     if not isinstance(label, bool):
         raise DataError(f"{where}: field 'label' must be true (a desirable completion) or false (an undesirable one), "
-                        f"got {label!r}")
+                        f"got {value['label']!r}")
     if "rejected" in value:
         raise DataError(f"{where}: field 'rejected' does not go with 'label' (a labelled row has one answer, in "
                         "'completion')")
@@ -531,16 +560,34 @@ def _after(prompt: list[dict], messages: list[dict]) -> list[dict]:
 
 
 def _messages(value: Any, where: str, field: str) -> list[dict]:
-    """A checked list of {"role", "content"} messages."""
+    """A checked list of {"role", "content"} messages. OpenAI's forms read as such: content as a list of text parts
+    (`{"type": "text", "text": ...}`) is their text joined, the `developer` role is `system`; a conversation with
+    tool calls or tool results (TOOL_ROLES, an assistant's `tool_calls`), or a part that is not text (an image), is
+    unusable: the text form holds neither."""
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: field '{field}' must be a non-empty list of messages")
     messages = []
     for index, message in enumerate(value):
-        if not (isinstance(message, dict) and message.get("role") in ROLES and isinstance(message.get("content"), str)):
+        if isinstance(message, dict) and (message.get("role") in TOOL_ROLES or message.get("tool_calls")):
+            raise Unusable("the conversation holds tool calls or tool results")
+        role = "system" if isinstance(message, dict) and message.get("role") == "developer" else \
+            message.get("role") if isinstance(message, dict) else None
+        content = _content_text(message.get("content")) if isinstance(message, dict) else None
+        if not (role in ROLES and isinstance(content, str)):
             raise DataError(f"{where}: field '{field}', message {index}: expected {{\"role\": one of "
-                            f"{', '.join(ROLES)}, \"content\": a string}}")
-        messages.append({"role": message["role"], "content": message["content"]})
+                            f"{', '.join(ROLES)}, \"content\": a string or a list of text parts}}")
+        messages.append({"role": role, "content": content})
     return messages
+
+
+def _content_text(content: Any) -> Any:
+    """A message's content as text: a string as it is, a list of OpenAI's content parts as their texts joined
+    (Unusable where a part is not text); anything else as it is, for the caller to refuse."""
+    if not isinstance(content, list) or not all(isinstance(part, dict) and "type" in part for part in content):
+        return content
+    if any(part["type"] not in TEXT_PARTS or not isinstance(part.get("text"), str) for part in content):
+        raise Unusable("a message holds a part that is not text (an image, audio, a file)")
+    return "".join(part["text"] for part in content)
 
 
 def _prompt_text(messages: list[dict], where: str) -> str:

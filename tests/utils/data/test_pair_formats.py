@@ -5,7 +5,7 @@ import json
 import pytest
 
 from utils.data import raw_datasets as rd
-from utils.data.pair_formats import UNUSABLE, read_pair
+from utils.data.pair_formats import UNUSABLE, read_pair, unusable_row
 from utils.data.prompting import parse_dialogue
 from utils.runtime.errors import DataError
 
@@ -204,11 +204,56 @@ def test_labelled_completions_are_a_desirable_chosen_or_an_undesirable_rejected(
     assert read_pair(row, WHERE) == expected
 
 
+@pytest.mark.parametrize("good, bad", [(1, 0), ("True", "False"), (" true", "false "), ("1", "0")])
+def test_a_label_written_as_a_number_or_as_csv_text_reads_as_the_bool(good, bad):
+    """Before: only a bool, so a KTO .csv file (whose cells are text) could never load."""
+    for label, expected in ((good, {"chosen": " 19", "rejected": None}), (bad, {"chosen": None, "rejected": " 19"})):
+        row = {"prompt": " Human: 7 + 12? Assistant:", "completion": " 19", "label": label}
+        assert read_pair(row, WHERE) == {"prompt": " Human: 7 + 12? Assistant:", **expected}
+
+
+@pytest.mark.parametrize("row, expected", [
+    # OpenAI's content parts and developer role (current exports; TRL's vision-free chats)
+    ({"messages": [{"role": "developer", "content": "Be brief."},
+                   {"role": "user", "content": [{"type": "text", "text": "2+2?"}]},
+                   {"role": "assistant", "content": [{"type": "output_text", "text": "4"}]}]},
+     {"prompt": " Human: Be brief.\n\n2+2? Assistant:", "chosen": " 4", "rejected": None}),
+    # ShareGPT dumps: a split answer's consecutive turns are one
+    ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"},
+                        {"from": "gpt", "value": "there"}, {"from": "human", "value": "bye"},
+                        {"from": "gpt", "value": "ciao"}]},
+     {"prompt": " Human: hi Assistant: hello\n\nthere Human: bye Assistant:", "chosen": " ciao", "rejected": None}),
+])
+def test_real_chat_exports_read_as_turns(row, expected):
+    assert read_pair(row, WHERE) == expected
+
+
+@pytest.mark.parametrize("row, reason", [
+    ({"conversations": []}, "an empty conversation"),
+    ({"conversations": [{"from": "gpt", "value": "...and so on."}, {"from": "human", "value": "thanks"},
+                        {"from": "gpt", "value": "welcome"}]}, "the conversation starts with the assistant"),
+    ({"conversations": [{"from": "human", "value": "weather?"}, {"from": "function_call", "value": "{}"},
+                        {"from": "observation", "value": "sunny"}, {"from": "gpt", "value": "Sunny."}]},
+     "the conversation holds tool calls or tool results"),
+    ({"messages": [user("weather?"), {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+                   {"role": "tool", "content": "sunny"}, assistant("Sunny.")]},
+     "the conversation holds tool calls or tool results"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}},
+                                                {"type": "text", "text": "What is this?"}]}, assistant("A cat.")]},
+     "a message holds a part that is not text (an image, audio, a file)"),
+])
+def test_rows_real_dumps_hold_besides_chats_are_skipped_not_an_error_for_the_file(row, reason):
+    """Before: each was a DataError, which refused the whole file (the ShareGPT dump cannot be read at all)."""
+    assert read_pair(row, WHERE) == unusable_row(reason)
+
+
 @pytest.mark.parametrize("row, message", [
     ({"prompt": "p", "completion": " 21", "label": "no"},
      "field 'label' must be true (a desirable completion) or false (an undesirable one), got 'no'"),
-    ({"prompt": "p", "completion": " 21", "label": 0},
-     "field 'label' must be true (a desirable completion) or false (an undesirable one), got 0"),
+    ({"prompt": "p", "completion": " 21", "label": 2},
+     "field 'label' must be true (a desirable completion) or false (an undesirable one), got 2"),
+    ({"prompt": "p", "completion": " 21", "label": None},
+     "field 'label' must be true (a desirable completion) or false (an undesirable one), got None"),
     ({"completion": " 21", "label": True}, "missing field 'prompt' (a labelled completion needs its prompt)"),
     ({"prompt": "p", "completion": "", "label": True}, "field 'completion' is empty"),
     ({"prompt": "p", "completion": [user("x")], "label": True},
@@ -548,9 +593,9 @@ def test_pairs_under_other_names_read_as_chosen_and_rejected(row, expected):
 
 def test_a_bad_pair_under_other_names_is_an_error_naming_its_own_column():
     row = {"input": {"messages": [{"role": "user", "content": "Hi?"}]},
-           "preferred_output": [{"role": "tool", "content": "x"}],
+           "preferred_output": [{"role": "bot", "content": "x"}],
            "non_preferred_output": [{"role": "assistant", "content": "y"}]}
     with pytest.raises(DataError) as err:
         read_pair(row, WHERE)
     assert str(err.value) == (f"{WHERE}: field 'preferred_output', message 0: expected {{\"role\": one of system, "
-                              "user, assistant, \"content\": a string}")
+                              "user, assistant, \"content\": a string or a list of text parts}")
