@@ -31,6 +31,10 @@ from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, ste
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     add_step_args(parser, eval_interval=True, packing=True)
+    parser.add_argument("--train_every_turn", action="store_true",
+                        help="A multi-turn conversation trains each of its assistant turns, each a sample with the "
+                             "turns before it as its prompt (TRL's assistant-only loss, OpenRLHF's --multiturn); "
+                             "default: its last answer, the earlier ones context, as DeepSpeed-Chat.")
     return parse_step_args(parser, argv)
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.data.prompting import encode_prompt_text, model_answer, model_prompt, shorter_prompts
+from utils.data.prompting import (dialogue_text, encode_prompt_text, model_answer, model_prompt, parse_dialogue,
+                                  shorter_prompts)
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
                                      builtin_data_dir, is_saved_dataset, load_hub, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
@@ -148,7 +149,7 @@ class SampleCounter:
     `length_warning`."""
 
     def __init__(self, what):
-        self.what, self.kept, self.skipped, self.trimmed = what, 0, {}, 0
+        self.what, self.kept, self.skipped, self.trimmed, self.turns = what, 0, {}, 0, 0
         self.needed, self.too_long, self.limit = [], 0, None
 
     def skip(self, reason):
@@ -166,7 +167,8 @@ class SampleCounter:
     def summary(self):
         skipped = ", ".join(f"{count} {reason}" for reason, count in sorted(self.skipped.items()))
         trimmed = f", {self.trimmed} of them with earlier turns dropped to fit" if self.trimmed else ""
-        return f"{self.what}: {self.kept} samples{trimmed}" + (f" (skipped: {skipped})" if skipped else "")
+        turns = f", and {self.turns} of their earlier turns (--train_every_turn)" if self.turns else ""
+        return f"{self.what}: {self.kept} samples{trimmed}{turns}" + (f" (skipped: {skipped})" if skipped else "")
 
     def length_warning(self):
         """One line when the length limit dropped more than a tenth of the rows it checked (None otherwise): the
@@ -182,9 +184,11 @@ class SampleCounter:
 
     def counts(self):
         """{"read": rows, "kept": samples, "skipped": {reason: rows}}, and "trimmed": the kept samples whose prompt
-        lost its earlier turns (fit_prompt) where there are any: every row read is kept or skipped."""
+        lost its earlier turns (fit_prompt), "turns": the samples of earlier turns (earlier_turns), where there are
+        any: every row read is kept or skipped."""
         counts = {"read": self.kept + sum(self.skipped.values()), "kept": self.kept, "skipped": dict(self.skipped)}
-        return {**counts, "trimmed": self.trimmed} if self.trimmed else counts
+        counts.update({key: value for key, value in (("trimmed", self.trimmed), ("turns", self.turns)) if value})
+        return counts
 
     def report(self):
         """The summary line, then the length warning on a line of its own if there is one."""
@@ -221,6 +225,29 @@ def sft_sample(tokenizer, prompt, chosen, max_seq_len, counter):
     prompt_ids = fitted[1]
     counter.kept += 1
     return {"input_ids": prompt_ids + answer_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + answer_ids}
+
+
+def earlier_turns(prompt):
+    """(prompt, answer) of each assistant turn a multi-turn prompt holds, the turns before it its prompt, in
+    DeepSpeed-Chat's text form: what --train_every_turn trains on besides the row's own answer. [] for one turn."""
+    turns = parse_dialogue(prompt)
+    return [(dialogue_text([*turns[:k], (user, None)]), " " + answer)
+            for k, (user, answer) in enumerate(turns) if answer]
+
+
+def sft_samples(tokenizer, prompt, chosen, max_seq_len, counter, every_turn=False):
+    """sft_sample's sample of the row (none where it is skipped) and, with `every_turn`, one of each earlier
+    assistant turn in its prompt (earlier_turns; counted as `turns`, those over the limit left out uncounted: the
+    row is kept or skipped by its own answer)."""
+    sample = sft_sample(tokenizer, prompt, chosen, max_seq_len, counter)
+    samples = [] if sample is None else [sample]
+    if every_turn:
+        scratch = SampleCounter("earlier turns")
+        turns = [sft_sample(tokenizer, turn_prompt, answer, max_seq_len, scratch)
+                 for turn_prompt, answer in earlier_turns(prompt)]
+        samples += [turn for turn in turns if turn is not None]
+        counter.turns += scratch.kept
+    return samples
 
 
 def pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter):
@@ -312,7 +339,7 @@ def judged_rows(raw, rows, judge, counter, with_rejected):
     return rows.select([index for index in range(len(rows)) if index not in dropped]) if dropped else rows
 
 
-def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpaired=False):
+def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpaired=False, every_turn=False):
     samples = []
     for row in rows:
         prompt = raw.get_prompt(row)
@@ -335,9 +362,9 @@ def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpai
                 counter.skip("no answer")
                 continue
             if train_phase == 1:
-                sample = sft_sample(tokenizer, prompt, chosen, max_seq_len, counter)
-            else:
-                sample = pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter)
+                samples += sft_samples(tokenizer, prompt, chosen, max_seq_len, counter, every_turn)
+                continue
+            sample = pair_sample(tokenizer, prompt, chosen, rejected, max_seq_len, counter)
         if sample is not None:
             samples.append(sample)
     return samples
@@ -500,15 +527,17 @@ def drop_longer(datasets, limit, flag):
 
 def data_metrics(counts):
     """A step's data counts (a ListDataset's `counts`) for its metrics.json: {"<split>_rows_read": n,
-    "<split>_rows_kept": n, "<split>_rows_trimmed": n (kept with earlier turns dropped; only where some were), ...,
+    "<split>_rows_kept": n, "<split>_rows_trimmed": n (kept with earlier turns dropped; only where some were),
+    "<split>_earlier_turns": n (the samples of --train_every_turn's earlier turns; only where some were), ...,
     "rows_skipped": {"<split>": {reason: n}}}; {} for None."""
     if not counts:
         return {}
     metrics = {}
     for split, split_counts in counts.items():
         metrics.update({f"{split}_rows_read": split_counts["read"], f"{split}_rows_kept": split_counts["kept"]})
-        if split_counts.get("trimmed"):
-            metrics[f"{split}_rows_trimmed"] = split_counts["trimmed"]
+        for key, name in (("trimmed", "rows_trimmed"), ("turns", "earlier_turns")):
+            if split_counts.get(key):
+                metrics[f"{split}_{name}"] = split_counts[key]
     return {**metrics, "rows_skipped": {split: dict(split_counts["skipped"]) for split, split_counts in counts.items()}}
 
 
@@ -528,11 +557,11 @@ class ListDataset(torch.utils.data.Dataset):
 
 
 def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed, tokenizer, max_seq_len,
-                          unpaired=False, columns=None, judge=None):
+                          unpaired=False, columns=None, judge=None, every_turn=False):
     """The train and eval datasets of `train_phase` (1, 2 or 3) over all `data_paths` (their columns renamed by
     `columns`: get_raw_dataset), shuffled together; with `unpaired`, KTO's labelled answers from the phase's rows
     instead (feedback_samples); with `judge` (scores(prompts, answers) -> numbers), only the rows it passes
-    (judged_rows).
+    (judged_rows); with `every_turn` (phase 1), a sample of each earlier assistant turn too (sft_samples).
 
     `max_seq_len` bounds whole sequences in phases 1 and 2 and prompts in phase 3 (None: no bound). Each dataset
     carries the `counts` of both splits: rows read, samples kept, rows skipped by reason (data_metrics)."""
@@ -553,7 +582,7 @@ def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed
             rows = rows.select(part.tolist())
             if judge is not None and train_phase != 3:
                 rows = judged_rows(raw, rows, judge, counter, with_rejected=train_phase == 2 or unpaired)
-            samples += build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpaired)
+            samples += build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpaired, every_turn)
         print_rank_0(counter.report())
         if not samples:
             why = ("see the skipped counts above" if rows_in_part else

@@ -23,7 +23,8 @@ def step_data(args, phase, inputs, unpaired=False):
     """(tokenizer, train_dataset, eval_dataset) of a step: --output_dir claimed for this run (`inputs`: {flag:
     folder} of the models it reads; the tokenizer is --model_name_or_path's), and phase `phase` of --data_split
     tokenized within --max_seq_len (`auto`: a percentile of the sample lengths, measured once the data is built
-    unbounded, then built again within it); `unpaired`: as KTO's labelled answers; with --answer_filter_fn,
+    unbounded, then built again within it); `unpaired`: as KTO's labelled answers; with --train_every_turn (step
+    1), each earlier assistant turn of a conversation a sample too; with --answer_filter_fn,
     only the rows whose chosen answers it gives full marks (judged_rows). The datasets carry their rows read and
     kept (`counts`)."""
     claim_output_dir(args, inputs=inputs)
@@ -32,7 +33,7 @@ def step_data(args, phase, inputs, unpaired=False):
     def build(max_seq_len):
         return create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, phase, args.seed,
                                      tokenizer, max_seq_len, unpaired=unpaired, columns=column_keys(args),
-                                     judge=judge)
+                                     judge=judge, every_turn=getattr(args, "train_every_turn", False))
 
     train_dataset, eval_dataset = build(data_bound(args.max_seq_len))
     fit_auto_lengths(args, args.data_path, tokenizer, train_dataset, eval_dataset, rebuild=build)

@@ -9,8 +9,8 @@ import torch
 from tests.files import write_jsonl
 from utils.data.data_utils import (IGNORE_INDEX, DataCollatorFeedback, DataCollatorPreference, DataCollatorReward,
                                    DataCollatorRLHF, DataCollatorSFT, SampleCounter, create_prompt_dataset,
-                                   feedback_samples, pair_sample, parse_data_split, prompt_sample, sft_sample,
-                                   split_bounds, split_part_indices)
+                                   earlier_turns, feedback_samples, pair_sample, parse_data_split, prompt_sample,
+                                   sft_sample, sft_samples, split_bounds, split_part_indices)
 from utils.runtime.errors import ConfigError, DataError
 
 
@@ -319,6 +319,32 @@ def test_a_dialogue_too_long_loses_its_earliest_turns_not_its_answer(tiny_tokeni
     assert counter.counts() == {"read": 4, "kept": 3, "trimmed": 2,
                                 "skipped": {"longer than --max_seq_len with its EOS": 1}}
     assert "2 of them with earlier turns dropped to fit" in counter.summary()
+
+
+def test_every_turn_trains_each_assistant_turn_with_the_turns_before_it(tiny_tokenizer, tmp_path):
+    """--train_every_turn: a conversation of three exchanges gives three samples, each answer's labels its own and
+    its prompt the turns before it; without the flag, the last answer alone (the earlier ones context)."""
+    tok, answer = tiny_tokenizer, " Good walking shoes."
+    assert earlier_turns(DIALOGUE) == [
+        (" Human: Hi there, can you help me plan a trip? Assistant:", " Sure, where to?"),
+        (" Human: Hi there, can you help me plan a trip? Assistant: Sure, where to? Human: To the mountains for a "
+         "week. Assistant:", " Pack layers.")]
+    assert earlier_turns(" Human: only one Assistant:") == earlier_turns("no marks at all") == []
+    counter = SampleCounter("sft")
+    samples = sft_samples(tok, DIALOGUE, answer, None, counter, every_turn=True)
+    trained = [decode(tok, [t for t in sample["labels"] if t != IGNORE_INDEX]) for sample in samples]
+    assert [text.replace(tok.eos_token, "") for text in trained] == [answer, " Sure, where to?", " Pack layers."]
+    assert all(decode(tok, sample["input_ids"]).startswith(" Human: Hi there") for sample in samples)
+    assert counter.counts() == {"read": 1, "kept": 1, "skipped": {}, "turns": 2}
+    assert "1 samples, and 2 of their earlier turns (--train_every_turn)" in counter.summary()
+    assert len(sft_samples(tok, DIALOGUE, answer, None, SampleCounter("sft"))) == 1
+    rows = [{"prompt": DIALOGUE, "chosen": answer}] * 10
+    for split in ("train", "eval"):
+        write_jsonl(tmp_path / f"{split}.jsonl", rows)
+    for every_turn, size in ((False, 10), (True, 30)):
+        train, _ = create_prompt_dataset([str(tmp_path)], "1", str(tmp_path / f"cache{every_turn}"), 1, 1, tok,
+                                         None, every_turn=every_turn)
+        assert len(train) == size and train.counts["train"]["kept"] == 10
 
 
 def test_a_pair_and_a_prompt_keep_their_last_turns_within_the_limit(tiny_tokenizer):
