@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.data.prompting import (dialogue_text, encode_prompt_text, model_answer, model_prompt, parse_dialogue,
-                                  shorter_prompts)
+from utils.data.prompting import (dialogue_system, dialogue_text, encode_prompt_text, model_answer, model_prompt,
+                                  parse_dialogue, shorter_prompts, with_system)
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
                                      builtin_data_dir, is_saved_dataset, load_hub, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
@@ -230,8 +230,8 @@ def sft_sample(tokenizer, prompt, chosen, max_seq_len, counter):
 def earlier_turns(prompt):
     """(prompt, answer) of each assistant turn a multi-turn prompt holds, the turns before it its prompt, in
     DeepSpeed-Chat's text form: what --train_every_turn trains on besides the row's own answer. [] for one turn."""
-    turns = parse_dialogue(prompt)
-    return [(dialogue_text([*turns[:k], (user, None)]), " " + answer)
+    turns, system = parse_dialogue(prompt), dialogue_system(prompt)
+    return [(with_system(system, dialogue_text([*turns[:k], (user, None)])), " " + answer)
             for k, (user, answer) in enumerate(turns) if answer]
 
 

@@ -14,8 +14,8 @@ decides which), their columns first renamed to these fields by the --<field>_key
    `prompt` as a list of messages or as one user string) or the whole conversation (with or without a `prompt`
    field: the messages both share are the prompt). The answer is the one assistant message after the prompt.
    The conversation is written in the text form, `" Human: u1 Assistant: a1 Human: u2 Assistant:"`, which a
-   model with a chat template gets back as messages (utils.data.prompting); a system message is put before the
-   first user turn's text, since the text form has no system turn.
+   model with a chat template gets back as messages (utils.data.prompting); a system message is the text before
+   its first turn, which such a model gets back as its system message.
 
 4. **Prompts alone, or prompts with one answer**: a row with `prompt` and no `chosen` / `rejected` (RL prompts:
    step 3, the evaluation), or with `chosen` (or TRL's `completion`, or a whole chat in `messages`, its last
@@ -70,7 +70,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from utils.data.prompting import dialogue_text, has_speaker_mark, parse_dialogue
+from utils.data.prompting import dialogue_system, dialogue_text, has_speaker_mark, parse_dialogue, with_system
 from utils.runtime.errors import DataError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -444,8 +444,9 @@ def _with_system(value: dict, system: str) -> dict:
 
 
 def _turn_messages(prompt: str) -> list[dict]:
-    """A prompt string (the text form, or plain: one user turn) as its turns' messages."""
-    messages = []
+    """A prompt string (the text form, or plain: one user turn) as its turns' messages, its system prompt first."""
+    system = dialogue_system(prompt)
+    messages = [{"role": "system", "content": system}] if system else []
     for user, answer in parse_dialogue(prompt):
         messages.append({"role": "user", "content": user})
         if answer is not None:
@@ -608,6 +609,4 @@ def _prompt_text(messages: list[dict], where: str) -> str:
     if not user:
         raise DataError(f"{where}: field 'prompt' must end with a non-empty user message")
     turns.append((user, None))
-    if system:
-        turns[0] = (f"{system}\n\n{turns[0][0]}", turns[0][1])
-    return dialogue_text(turns)
+    return with_system(system, dialogue_text(turns))

@@ -1,9 +1,11 @@
 """Prompts as data sets write them and as a model wants them.
 
-Data sets use DeepSpeed-Chat's text form, `" Human: q1 Assistant: a1 Human: q2 Assistant:"`. A model whose
+Data sets use DeepSpeed-Chat's text form, `" Human: q1 Assistant: a1 Human: q2 Assistant:"`; the text before its
+first turn, if any, is the conversation's system prompt (`"Be brief.\n\n Human: q1 Assistant:"`). A model whose
 tokenizer has a chat template (SmolLM2, Llama-3, Qwen...) is given the same conversation in its own format
-instead, ending with its generation prompt, and answers without the leading space of the text form. A model
-without a template gets the text form as it is.
+instead, the system prompt as its system message (in place of the template's default one), ending with its
+generation prompt, and answers without the leading space of the text form. A model without a template gets the
+text form as it is.
 """
 import re
 
@@ -47,20 +49,33 @@ def parse_dialogue(prompt):
     return turns
 
 
-def format_turns(tokenizer, turns):
-    """The prompt text of a conversation: (user, assistant) pairs, the last with assistant None."""
+def dialogue_system(prompt):
+    """The system prompt of a prompt in the text form: its text before the first turn, stripped; None where there
+    is none (or the prompt has no speaker marks: then it is all one user turn)."""
+    pieces = _SPEAKER.split(prompt)
+    return (pieces[0].strip() or None) if len(pieces) >= 3 else None
+
+
+def with_system(system, text):
+    """A conversation in the text form with `system` (None: none) written before its first turn."""
+    return f"{system}\n\n{text}" if system else text
+
+
+def format_turns(tokenizer, turns, system=None):
+    """The prompt text of a conversation: (user, assistant) pairs, the last with assistant None, after the
+    `system` prompt if one is given."""
     if not turns or turns[-1][1] is not None:
         raise ValueError("the last turn must be the user's, with assistant None")
     if any(assistant is None for _, assistant in turns[:-1]):
         raise ValueError("only the last turn may be without an assistant answer")
     if has_chat_template(tokenizer):
-        messages = []
+        messages = [{"role": "system", "content": system}] if system else []
         for user, assistant in turns:
             messages.append({"role": "user", "content": user})
             if assistant is not None:
                 messages.append({"role": "assistant", "content": assistant})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return dialogue_text(turns)
+    return with_system(system, dialogue_text(turns))
 
 
 def dialogue_text(turns):
@@ -76,14 +91,17 @@ def dialogue_text(turns):
 
 def shorter_prompts(prompt):
     """The prompt with its earliest exchanges dropped, one more each time, down to its last user turn alone, in
-    DeepSpeed-Chat's text form: the context a length limit gives up first (TRL's `keep_end`, by whole turns)."""
-    turns = parse_dialogue(prompt)
-    return [dialogue_text(turns[first:]) for first in range(1, len(turns))]
+    DeepSpeed-Chat's text form, its system prompt kept: the context a length limit gives up first (TRL's
+    `keep_end`, by whole turns)."""
+    turns, system = parse_dialogue(prompt), dialogue_system(prompt)
+    return [with_system(system, dialogue_text(turns[first:])) for first in range(1, len(turns))]
 
 
 def model_prompt(tokenizer, prompt):
     """A data-set prompt in the model's format."""
-    return format_turns(tokenizer, parse_dialogue(prompt)) if has_chat_template(tokenizer) else prompt
+    if not has_chat_template(tokenizer):
+        return prompt
+    return format_turns(tokenizer, parse_dialogue(prompt), dialogue_system(prompt))
 
 
 def model_answer(tokenizer, answer):

@@ -54,7 +54,7 @@ def test_messages_with_the_prompt_as_messages_and_the_answers_alone():
     """TRL's conversational preference form."""
     row = {"prompt": [{"role": "system", "content": "Be brief."}, user("Hi"), assistant("Hello."), user("2+2?")],
            "chosen": [assistant("4")], "rejected": [assistant("5")]}
-    assert read_pair(row, WHERE) == {"prompt": " Human: Be brief.\n\nHi Assistant: Hello. Human: 2+2? Assistant:",
+    assert read_pair(row, WHERE) == {"prompt": "Be brief.\n\n Human: Hi Assistant: Hello. Human: 2+2? Assistant:",
                                      "chosen": " 4", "rejected": " 5"}
 
 
@@ -158,7 +158,7 @@ def test_a_damaged_parquet_file_is_one_error_naming_it(tmp_path):
     ({"prompt": "2+2?", "chosen": [user("2+2?"), assistant("4")]},
      {"prompt": " Human: 2+2? Assistant:", "chosen": " 4", "rejected": None}),
     ({"messages": [{"role": "system", "content": "Be brief."}, user("2+2?"), assistant("4")]},
-     {"prompt": " Human: Be brief.\n\n2+2? Assistant:", "chosen": " 4", "rejected": None}),
+     {"prompt": "Be brief.\n\n Human: 2+2? Assistant:", "chosen": " 4", "rejected": None}),
 ])
 def test_prompts_alone_or_with_one_answer(row, expected):
     """RL prompts (OpenRLHF's prompt data, a verifier's questions) and SFT rows (TRL's prompt-completion form)."""
@@ -217,7 +217,7 @@ def test_a_label_written_as_a_number_or_as_csv_text_reads_as_the_bool(good, bad)
     ({"messages": [{"role": "developer", "content": "Be brief."},
                    {"role": "user", "content": [{"type": "text", "text": "2+2?"}]},
                    {"role": "assistant", "content": [{"type": "output_text", "text": "4"}]}]},
-     {"prompt": " Human: Be brief.\n\n2+2? Assistant:", "chosen": " 4", "rejected": None}),
+     {"prompt": "Be brief.\n\n Human: 2+2? Assistant:", "chosen": " 4", "rejected": None}),
     # ShareGPT dumps: a split answer's consecutive turns are one
     ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"},
                         {"from": "gpt", "value": "there"}, {"from": "human", "value": "bye"},
@@ -457,11 +457,11 @@ def test_bad_judgements_name_the_field(row, message):
     # LLaMA-Factory's Alpaca pairs, with a system prompt and a history of earlier turns
     ({"instruction": "And 3 + 3?", "input": "", "chosen": "6", "rejected": "7", "system": "Be brief.",
       "history": [["2 + 2?", "4"]]},
-     {"prompt": " Human: Be brief.\n\n2 + 2? Assistant: 4 Human: And 3 + 3? Assistant:", "chosen": " 6",
+     {"prompt": "Be brief.\n\n Human: 2 + 2? Assistant: 4 Human: And 3 + 3? Assistant:", "chosen": " 6",
       "rejected": " 7"}),
     # Orca DPO pairs: the system prompt and the question
     ({"system": "You are an AI assistant.", "question": "2 + 2?", "chosen": "4", "rejected": "5"},
-     {"prompt": " Human: You are an AI assistant.\n\n2 + 2? Assistant:", "chosen": " 4", "rejected": " 5"}),
+     {"prompt": "You are an AI assistant.\n\n Human: 2 + 2? Assistant:", "chosen": " 4", "rejected": " 5"}),
     ({"system": "", "question": "2 + 2?", "chosen": "4", "rejected": "5"},
      {"prompt": " Human: 2 + 2? Assistant:", "chosen": " 4", "rejected": " 5"}),
     # OpenRLHF's default input and output
@@ -469,7 +469,7 @@ def test_bad_judgements_name_the_field(row, message):
     # ShareGPT: from / value, its last message the answer, or a prompt where it ends with the user's turn
     ({"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "hi"},
                         {"from": "gpt", "value": "hello"}]},
-     {"prompt": " Human: S\n\nhi Assistant:", "chosen": " hello", "rejected": None}),
+     {"prompt": "S\n\n Human: hi Assistant:", "chosen": " hello", "rejected": None}),
     ({"conversations": [{"from": "human", "value": "hi"}]},
      {"prompt": " Human: hi Assistant:", "chosen": None, "rejected": None}),
     # LLaMA-Factory's ShareGPT pairs: the answers one message each
@@ -478,9 +478,9 @@ def test_bad_judgements_name_the_field(row, message):
      {"prompt": " Human: hi Assistant:", "chosen": " hello", "rejected": " go"}),
     # a system column beside a text-form prompt, a chat, or a prompt of messages that has none
     ({"prompt": " Human: q Assistant: a Human: q2 Assistant:", "chosen": " x", "rejected": " y", "system": "S"},
-     {"prompt": " Human: S\n\nq Assistant: a Human: q2 Assistant:", "chosen": " x", "rejected": " y"}),
+     {"prompt": "S\n\n Human: q Assistant: a Human: q2 Assistant:", "chosen": " x", "rejected": " y"}),
     ({"messages": [user("q"), assistant("a")], "system": "S"},
-     {"prompt": " Human: S\n\nq Assistant:", "chosen": " a", "rejected": None}),
+     {"prompt": "S\n\n Human: q Assistant:", "chosen": " a", "rejected": None}),
     # a prompt of messages with a string answer (TRL's unpaired form)
     ({"prompt": [user("q")], "completion": "a", "label": False},
      {"prompt": " Human: q Assistant:", "chosen": None, "rejected": " a"}),
@@ -540,7 +540,7 @@ def test_sharegpt_and_alpaca_files_feed_step_1_and_ties_are_counted_in_step_2(tm
     ({"instruction": "Summarize.", "context": "A long text.", "response": "Short.", "category": "summarization"},
      {"prompt": " Human: Summarize.\nA long text. Assistant:", "chosen": " Short.", "rejected": None}),
     ({"id": "1", "system_prompt": "Be kind.", "question": "Hi?", "response": "Hello."},
-     {"prompt": " Human: Be kind.\n\nHi? Assistant:", "chosen": " Hello.", "rejected": None}),
+     {"prompt": "Be kind.\n\n Human: Hi? Assistant:", "chosen": " Hello.", "rejected": None}),
     ({"problem": "1 + 1?", "solution": "2", "level": "Level 1"},
      {"prompt": " Human: 1 + 1? Assistant:", "chosen": None, "rejected": None}),
 ])
@@ -582,7 +582,7 @@ def test_bad_or_tied_ranked_lists(row, outcome):
                 "tools": [], "parallel_tool_calls": True},
       "preferred_output": [{"role": "assistant", "content": "Hello."}],
       "non_preferred_output": [{"role": "assistant", "content": "Go away."}]},
-     {"prompt": " Human: Be brief.\n\nHi? Assistant:", "chosen": " Hello.", "rejected": " Go away."}),
+     {"prompt": "Be brief.\n\n Human: Hi? Assistant:", "chosen": " Hello.", "rejected": " Go away."}),
     # a row that also names chosen and rejected keeps them: the other names are other columns
     ({"prompt": "q", "chosen": "a", "rejected": "b", "response_j": "c", "response_k": "d"},
      {"prompt": "q", "chosen": "a", "rejected": "b"}),

@@ -4,8 +4,8 @@ import copy
 import pytest
 
 from utils.data.data_utils import tokenize_answer, tokenize_prompt
-from utils.data.prompting import (encode_prompt_text, format_turns, model_answer, model_prompt, parse_dialogue,
-                                  shorter_prompts)
+from utils.data.prompting import (dialogue_system, encode_prompt_text, format_turns, model_answer, model_prompt,
+                                  parse_dialogue, shorter_prompts)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -68,3 +68,21 @@ def test_shorter_prompts_drop_the_earliest_exchanges_first():
     prompt = " Human: a Assistant: b Human: c Assistant: d Human: e Assistant:"
     assert shorter_prompts(prompt) == [" Human: c Assistant: d Human: e Assistant:", " Human: e Assistant:"]
     assert shorter_prompts(" Human: only one Assistant:") == []
+
+
+def test_the_text_before_the_first_turn_is_the_system_prompt_a_chat_template_model_gets_as_such(chat_tokenizer,
+                                                                                                  tiny_tokenizer):
+    """Before: a row's system prompt was pasted into the first user turn, and a chat template then wrote its own
+    default system prompt too (SmolLM2's), two instructions at odds; the text before a prompt's first turn (a
+    data set's preamble) was dropped for such a model."""
+    prompt = "Be brief.\n\n Human: hi Assistant: hello Human: 2+2? Assistant:"
+    assert dialogue_system(prompt) == "Be brief." and parse_dialogue(prompt) == [("hi", "hello"), ("2+2?", None)]
+    assert dialogue_system(" Human: hi Assistant:") is dialogue_system("\n\nHuman: hi\n\nAssistant:") is None
+    assert dialogue_system("no marks: all of it one user turn") is None
+    assert model_prompt(chat_tokenizer, prompt) == (
+        "<|im_start|>system\nBe brief.</s>\n<|im_start|>user\nhi</s>\n<|im_start|>assistant\nhello</s>\n"
+        "<|im_start|>user\n2+2?</s>\n<|im_start|>assistant\n")
+    assert model_prompt(tiny_tokenizer, prompt) == prompt  # no template: the text form as it is
+    assert format_turns(tiny_tokenizer, parse_dialogue(prompt), dialogue_system(prompt)) == prompt
+    # A length limit gives up the earliest exchanges, never the system prompt.
+    assert shorter_prompts(prompt) == ["Be brief.\n\n Human: 2+2? Assistant:"]
