@@ -124,12 +124,17 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
             rows.append((f"2 sampled pairs{label}", "train pairs kept / prompts (mean judge score of the answers)",
                          f"{train.get('pairs', '-')} / {train.get('prompts', '-')} ({_fmt(train.get('mean_score'))}"
                          f"{own})"))
-        dpo = _load(Path(folder) / "metrics.json") if stage == "dpo" else None
-        if dpo:
-            rows.append((f"2 DPO{label}", "eval preference accuracy (chosen > rejected)",
-                         _sized(_change(dpo, "accuracy_before", "accuracy_after"), dpo, "pairs")))
-            rows += data_rows(f"2 DPO{label}", dpo)
-            rows += variant_rows(stage, folder, f"2 DPO{label}")
+        preference = _load(Path(folder) / "metrics.json") if stage in ("dpo", "kto", "orpo") else None
+        if preference:  # the actor's stage 2: its eval figure, its data's counts, its variant
+            name = f"2 {stage.upper()}{label}"
+            if "accuracy_after" in preference:
+                rows.append((name, "eval preference accuracy (chosen > rejected)",
+                             _sized(_change(preference, "accuracy_before", "accuracy_after"), preference, "pairs")))
+            elif "loss_after" in preference:
+                rows.append((name, "eval loss", _sized(_change(preference, "loss_before", "loss_after"), preference,
+                                                       "answers")))
+            rows += data_rows(name, preference)
+            rows += variant_rows(stage, folder, name)
     if reward:
         rows.append(("2 reward model", "eval accuracy (chosen > rejected)",
                      _sized(_change(reward, "accuracy_before", "accuracy_after"), reward, "pairs")))

@@ -105,6 +105,26 @@ def test_the_report_counts_each_stages_rows_and_steps(tmp_path):
     assert not [line for line in lines if "asked" in line and not line.startswith("| 1 SFT")]  # all steps trained
 
 
+def test_kto_and_orpo_stages_report_their_eval_figure_and_rows_kept(tmp_path):
+    """Before: report.md had no row for a KTO or ORPO stage, though each writes its counts."""
+    import json
+
+    from utils.trainer.report import pipeline_report
+
+    counts = {"train_rows_read": 36, "train_rows_kept": 34, "eval_rows_read": 4, "eval_rows_kept": 4,
+              "eval_rows_scored": 4}
+    metrics = {"kto": {**counts, "loss_before": 0.5, "loss_after": 0.25},
+               "orpo": {**counts, "accuracy_before": 0.25, "accuracy_after": 0.75}}
+    for stage, values in metrics.items():
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "metrics.json").write_text(json.dumps(values))
+    lines = pipeline_report({stage: tmp_path / stage for stage in metrics}, {}).splitlines()
+    assert "| 2 KTO | eval loss | 0.500 -> 0.250 (4 answers) |" in lines
+    assert "| 2 ORPO | eval preference accuracy (chosen > rejected) | 0.250 -> 0.750 (4 pairs) |" in lines
+    assert {"| 2 KTO | rows kept (train / eval) | 34 of 36 / 4 of 4 |",
+            "| 2 ORPO | rows kept (train / eval) | 34 of 36 / 4 of 4 |"} <= set(lines)
+
+
 def answer_stats(best, share, top, distinct, cut, groups=None):
     """An answer_stats entry of inference.evaluation.evaluate_models (made up): 100 answers, max_new_tokens 16."""
     return {"best_constant": {"all": best, **(groups or {})}, "best_constant_answer": {"all": top},
