@@ -33,7 +33,9 @@ decides which), their columns first renamed to these fields by the --<field>_key
    `human_ref_B`, `labels`, 1 where A is preferred), HelpSteer2's preferences (`prompt`, `response_1`, `response_2`,
    `preference_strength`, negative where the first is better) and HelpSteer3's (`context` as messages, `response1`,
    `response2`, `overall_preference`), WebGPT comparisons (`question.full_text`, `answer_0`, `answer_1`, `score_0`,
-   `score_1`), Chatbot Arena (`conversation_a`, `conversation_b` whole conversations, `winner`): the prompt is one
+   `score_1`), Chatbot Arena (`conversation_a`, `conversation_b` whole conversations, `winner`; LMSYS's
+   arena-human-preference data's JSON lists of turns `prompt`, `response_a`, `response_b` and one-hot
+   `winner_model_a`, `winner_model_b`, `winner_tie` read as such): the prompt is one
    user turn (or its messages) and the responses its answers, as in shape 3. A tie is unusable.
 7. **Instruction data and ShareGPT chats**: Alpaca's `instruction` (and `input`, on the next line), `output` (or
    `chosen` and `rejected`), `history` ([[instruction, answer], ...] before it); a `question` (Orca) or an `input`
@@ -65,6 +67,7 @@ field.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Callable
@@ -220,7 +223,7 @@ def relabelled(err: DataError, label: Callable[[str], str | None]) -> DataError:
 
 
 def _read_pair(value: dict, where: str) -> dict[str, str | None]:
-    value = _instruction_layout(_listed(_ranked(value, where), where), where)
+    value = _instruction_layout(_listed(_ranked(_arena_lists(value, where), where), where), where)
     if "label" in value and "completion" in value and "chosen" not in value:  # KTO's unpaired feedback
         return _labelled(value, where)
     if "completion" in value and "chosen" not in value:  # TRL's prompt-completion form
@@ -274,6 +277,40 @@ def _ranked(value: dict, where: str) -> dict:
             row["prompt"] = prompt["full_text"] if isinstance(prompt, dict) and "full_text" in prompt else prompt
         return row
     return value
+
+
+ARENA_LISTS = ("prompt", "response_a", "response_b")
+ARENA_VOTES = ("winner_model_a", "winner_model_b", "winner_tie")
+
+
+def _arena_lists(value: dict, where: str) -> dict:
+    """A row of LMSYS's arena-human-preference data (the Kaggle competition's: ARENA_LISTS JSON lists of each
+    turn's text, one vote in ARENA_VOTES) as Chatbot Arena's (shape 6: whole conversations and a winner); other
+    rows as they are. A turn without a response (null) makes the row unusable."""
+    if not set(ARENA_LISTS + ARENA_VOTES) <= set(value):
+        return value
+    turns = {}
+    for field in ARENA_LISTS:
+        try:
+            turns[field] = json.loads(value[field]) if isinstance(value[field], str) else value[field]
+        except json.JSONDecodeError:
+            turns[field] = None
+        if not (isinstance(turns[field], list) and turns[field]
+                and all(text is None or isinstance(text, str) for text in turns[field])):
+            raise DataError(f"{where}: field '{field}' must be a list of each turn's text (or its JSON)")
+    if len({len(texts) for texts in turns.values()}) > 1:
+        raise DataError(f"{where}: fields {', '.join(ARENA_LISTS)} must hold as many turns each")
+    if any(text is None for texts in turns.values() for text in texts):
+        raise Unusable("a turn without a response")
+    votes = [_number(value, field, where) for field in ARENA_VOTES]
+    if sorted(votes) != [0, 0, 1]:
+        raise DataError(f"{where}: fields {', '.join(ARENA_VOTES)} must hold one 1 and two 0s, got {votes}")
+    conversations = {side: [message for user, answer in zip(turns["prompt"], turns[f"response_{side}"])
+                            for message in ({"role": "user", "content": user},
+                                            {"role": "assistant", "content": answer})] for side in "ab"}
+    rest = {key: item for key, item in value.items() if key not in ARENA_LISTS + ARENA_VOTES}
+    winner = ("model_a", "model_b", "tie")[votes.index(1)]
+    return {**rest, "conversation_a": conversations["a"], "conversation_b": conversations["b"], "winner": winner}
 
 
 def _named(value: dict) -> tuple[dict, dict[str, str]]:

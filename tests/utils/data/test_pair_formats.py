@@ -409,6 +409,13 @@ def test_a_file_of_one_pretty_printed_json_object_says_what_is_expected(tmp_path
     ({"conversation_a": [user("q"), assistant("good")], "conversation_b": [user("q"), assistant("bad")],
       "winner": "model_a", "model_a": "x", "model_b": "y"},
      {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}),
+    # LMSYS's arena-human-preference (Kaggle's CSV): JSON lists of turns, a one-hot vote
+    ({"id": 1, "model_a": "x", "model_b": "y", "prompt": '["q"]', "response_a": '["bad"]', "response_b": '["good"]',
+      "winner_model_a": 0, "winner_model_b": 1, "winner_tie": 0},
+     {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}),
+    ({"prompt": '["q"]', "response_a": '["good"]', "response_b": '["bad"]', "winner_model_a": "1",
+      "winner_model_b": "0", "winner_tie": "0"},  # a CSV file's cells, read as text
+     {"prompt": " Human: q Assistant:", "chosen": " good", "rejected": " bad"}),
 ])
 def test_more_layouts_of_two_responses_and_a_judgement_are_pairs(row, expected):
     assert read_pair(row, WHERE) == expected
@@ -424,6 +431,12 @@ def test_more_layouts_of_two_responses_and_a_judgement_are_pairs(row, expected):
     ({"conversation_a": [user("q"), assistant("a"), user("q2"), assistant("a2")],
       "conversation_b": [user("q"), assistant("b"), user("q2"), assistant("b2")], "winner": "model_b"},
      "chosen and rejected conversations differ before their last turn"),
+    ({"prompt": '["q"]', "response_a": '["a"]', "response_b": '["b"]', "winner_model_a": 0, "winner_model_b": 0,
+      "winner_tie": 1}, "judged equal (a tie)"),
+    ({"prompt": '["q", "q2"]', "response_a": '["a", "a2"]', "response_b": '["b", "b2"]', "winner_model_a": 1,
+      "winner_model_b": 0, "winner_tie": 0}, "chosen and rejected conversations differ before their last turn"),
+    ({"prompt": '["q"]', "response_a": '["a"]', "response_b": '[null]', "winner_model_a": 1,
+      "winner_model_b": 0, "winner_tie": 0}, "a turn without a response"),
 ])
 def test_ties_and_conversations_that_part_early_are_unusable(row, reason):
     pair = read_pair(row, WHERE)
@@ -441,6 +454,12 @@ def test_ties_and_conversations_that_part_early_are_unusable(row, reason):
      "field 'conversation_a' must be a non-empty list of messages"),
     ({"prompt": "q", "chosen": "a", "rejected": "b", "preference_strength": 1},
      "field 'preference_strength' says which of 'response_1' and 'response_2' is the better"),
+    ({"prompt": '["q"', "response_a": '["a"]', "response_b": '["b"]', "winner_model_a": 1, "winner_model_b": 0,
+      "winner_tie": 0}, "field 'prompt' must be a list of each turn's text (or its JSON)"),
+    ({"prompt": '["q"]', "response_a": '["a", "a2"]', "response_b": '["b"]', "winner_model_a": 1,
+      "winner_model_b": 0, "winner_tie": 0}, "fields prompt, response_a, response_b must hold as many turns each"),
+    ({"prompt": '["q"]', "response_a": '["a"]', "response_b": '["b"]', "winner_model_a": 1, "winner_model_b": 1,
+      "winner_tie": 0}, "fields winner_model_a, winner_model_b, winner_tie must hold one 1 and two 0s"),
 ])
 def test_bad_judgements_name_the_field(row, message):
     with pytest.raises(DataError) as err:
