@@ -75,9 +75,10 @@ def parse_args(argv=None):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
-    check_not_an_input("--output_json", args.output_json,
-                       [("--prompts_file", args.prompts_file)] + [("--data_path", path) for path in args.data_path])
     models = {"baseline": args.model_name_or_path_baseline, "finetune": args.model_name_or_path_finetune}
+    check_not_an_input("--output_json", args.output_json,
+                       [("--prompts_file", args.prompts_file)] + [("--data_path", path) for path in args.data_path]
+                       + [(f"--model_name_or_path_{name}", path) for name, path in models.items()])
     for name, path in models.items():  # a wrong folder fails at once, not after the first model's answers
         check_model_kind(resolve_model_path(path), reward=False, name=f"--model_name_or_path_{name} {path}")
     if args.prompts_file:

@@ -267,7 +267,8 @@ def eval_heldout(model, tokenizer, args):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
-    check_not_an_input("--output_json", args.output_json, [("--pairs_file", args.pairs_file)])
+    check_not_an_input("--output_json", args.output_json, [("--pairs_file", args.pairs_file),
+                                                           ("--model_name_or_path", args.model_name_or_path)])
     from utils.runtime.dist import quiet_transformers
 
     quiet_transformers()

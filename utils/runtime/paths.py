@@ -272,9 +272,15 @@ def check_writable_file(flag, path):
 
 def check_not_an_input(flag, path, inputs):
     """Refuse (ConfigError) an output file `path` that is one of the `inputs` ({flag: path} or (flag, path)
-    pairs) the run reads, before the run reads it."""
+    pairs) the run reads, or lies inside one that is a folder (a model's: its weights or config), before the run
+    reads it."""
     if not path:
         return
     for input_flag, source in (inputs.items() if isinstance(inputs, dict) else inputs):
-        if source and Path(source).exists() and Path(source).resolve() == Path(path).resolve():
+        if not source or not Path(source).exists():
+            continue
+        if Path(source).resolve() == Path(path).resolve():
             raise ConfigError(f"{flag} {path} would overwrite {input_flag} {source}; name another file")
+        if Path(source).is_dir() and Path(path).resolve().is_relative_to(Path(source).resolve()):
+            raise ConfigError(f"{flag} {path} is inside {input_flag} {source}, which the run reads; name a file "
+                              "outside it")
