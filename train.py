@@ -452,8 +452,8 @@ def main(argv=None):
     if not selected:
         raise ConfigError(f"--step {' '.join(map(str, args.step))}: nothing to run for --algorithm {args.algorithm}")
     check_data_split(args, runs)
+    check_round_flags(args, runs)  # first: its message says why a round's output is train.py's
     check_step_flags(args, runs)
-    check_round_flags(args, runs)
     if args.deadline:
         args.reserve_answers, args.reserve_greedy_answers = closing_answers(args, runs)
     if not args.dry_run:

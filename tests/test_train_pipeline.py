@@ -504,6 +504,19 @@ def test_pair_rounds_refuse_step_2_flags_that_set_a_rounds_start_output_or_pairs
         "pairs)"]
 
 
+@pytest.mark.parametrize("step, step_args", [(1, "--max_steps 1 --output_dir {tmp}/elsewhere"),
+                                              (3, "--output_d={tmp}/elsewhere")])
+def test_step_args_that_move_a_stages_output_are_refused(step, step_args, tmp_path, capsys):
+    """Before: step 1 saved to the folder given, and the evaluation and the report took the earlier actor in
+    actor-models/ for this run's."""
+    code, _, err = run_main(["--output-dir", str(tmp_path / "out"), f"--step{step}-args",
+                             step_args.replace("{tmp}", str(tmp_path)), "--dry-run"], capsys)
+    assert code == 2
+    assert error_lines(err) == [
+        f"error: --step{step}-args --output_dir: train.py puts each stage's output under --output-dir, where the "
+        "later stages, the evaluation and the report read it; give --output-dir instead"]
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--step3-args", "--bogus_flag"], "error: --step3-args --bogus_flag: unrecognized arguments: --bogus_flag"),
     (["--step3-args", "--load_best_model_at_end"], "error: --step3-args --load_best_model_at_end: "

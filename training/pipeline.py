@@ -459,15 +459,22 @@ def step_parser(folder):
 def check_step_flags(args, runs):
     """Parse each command of the steps to run that carries --stepN-args with that step's own parse_args before any
     step runs, so that a flag the step refuses (unknown, out of its range, a combination it cannot run with the
-    recipe's flags) is one error line at once, not after the steps before it have trained."""
+    recipe's flags) is one error line at once, not after the steps before it have trained; and refuse those that
+    move a stage's output (`--output_dir`, abbreviated or not): the later stages, the evaluation and the report
+    read it where train.py puts it."""
     for run in runs:
         user_flags = shlex.split(getattr(args, f"step{run.spec.step}_args"))
         if run.spec.script or run.spec.step not in args.step or not user_flags:
             continue
+        parse, command = step_parser(run.spec.folder), step_command(args, run)[2:]
         try:
-            step_parser(run.spec.folder)(step_command(args, run)[2:])
+            given = parse(command)
         except ConfigError as err:
             raise ConfigError(f"--step{run.spec.step}-args {shlex.join(user_flags)}: {err}") from None
+        if given.output_dir != parse(command[:len(command) - len(user_flags)]).output_dir:
+            raise ConfigError(f"--step{run.spec.step}-args --output_dir: train.py puts each stage's output under "
+                              "--output-dir, where the later stages, the evaluation and the report read it; give "
+                              "--output-dir instead")
 
 
 def check_data_split(args, runs):
