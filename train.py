@@ -348,6 +348,12 @@ def run_stage(args, run):
         print(f"error: step {step} failed: {cause}; re-run this step alone with --step {step}", file=sys.stderr,
               flush=True)
         return None
+    result = out_dir / ("meta.json" if run.spec.script else "metrics.json")  # what a stage writes last
+    if not result.is_file() or (not run.spec.script and result.stat().st_mtime < start):
+        print(f"error: step {step} failed: it exited 0 but wrote no {result.name} in {out_dir} (a stage writes it "
+              f"last: it stopped before saving); its log: {log_path}; re-run this step alone with --step {step}",
+              file=sys.stderr, flush=True)
+        return None
     for line in data_notices(log_path, offset):
         print(line, flush=True)
     print(f"step {step} done in {elapsed:.1f} s", flush=True)

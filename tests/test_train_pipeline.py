@@ -868,3 +868,22 @@ def test_a_file_whose_answers_are_under_unknown_names_is_refused_naming_its_colu
     assert str(err.value).endswith("its rows' columns not read as a prompt or an answer: better, id, worse (name "
                                    "the answers' with --chosen-key and --rejected-key)")
     assert commands("--data-path", "pairs.jsonl", "--chosen-key", "better", "--rejected-key", "worse")[0]
+
+
+def test_a_stage_that_exits_0_without_saving_fails_the_run(tmp_path, monkeypatch, capsys):
+    """Before: a step whose process ended with exit 0 before saving (a reward function calling os._exit(0)) passed
+    as done, and the report and evaluation took an earlier model, or none, for this run's. The stage's own
+    metrics.json, written last, is what says it finished; an earlier run's does not count."""
+    out = tmp_path / "out"
+    earlier = out / "actor-models" / "tiny"
+    earlier.mkdir(parents=True)
+    (earlier / "metrics.json").write_text("{}")
+    os.utime(earlier / "metrics.json", (1, 1))  # an earlier run's
+    launched = []
+    monkeypatch.setattr(train, "run_child", lambda command, **kwargs: launched.append(command) or 0)
+    code, _, err = run_main(["--step", "1", "--no-eval", "--output-dir", str(out)], capsys)
+    assert len(launched) == 1 and code == 1
+    assert error_lines(err) == [f"error: step 1 failed: it exited 0 but wrote no metrics.json in {earlier} (a stage "
+                                f"writes it last: it stopped before saving); its log: {earlier}/training.log; re-run "
+                                "this step alone with --step 1"]
+    assert not (out / "report.md").exists()
