@@ -98,6 +98,8 @@ def interrupt_train_py(argv, signum, monkeypatch, capsys, when):
         if when(command):
             os.kill(os.getpid(), signum)
             time.sleep(30)  # the signal's handler raises here
+        if "--output_dir" in command:  # a step's last write, by which train.py knows it finished
+            (Path(command[command.index("--output_dir") + 1]) / "metrics.json").write_text("{}")
         return 0
 
     def pipeline_report(*args, **kwargs):

@@ -123,14 +123,16 @@ def _sha256(path):
 
 def verify_checkpoint(path):
     """None if every file the checkpoint's COMPLETE lists is there with its size and checksum, else what is
-    wrong. A checkpoint written before COMPLETE held the list is taken as it is."""
+    wrong; a COMPLETE that cannot be read or lists no files is wrong too (every checkpoint lists its files)."""
     try:
         complete = json.loads((Path(path) / COMPLETE).read_text())
     except (OSError, ValueError):
-        return None
-    if not isinstance(complete, dict) or "files" not in complete:
-        return None
-    for name, (size, digest) in complete["files"].items():
+        return f"its {COMPLETE} cannot be read"
+    files = complete.get("files") if isinstance(complete, dict) else None
+    if not isinstance(files, dict) or not files or not all(
+            isinstance(entry, list) and len(entry) == 2 for entry in files.values()):
+        return f"its {COMPLETE} lists no files with their sizes and checksums"
+    for name, (size, digest) in files.items():
         file = Path(path) / name
         if not file.is_file():
             return f"{name} is missing"
@@ -138,7 +140,31 @@ def verify_checkpoint(path):
             return f"{name} has {file.stat().st_size} bytes, not the {size} written"
         if _sha256(file) != digest:
             return f"{name} does not match the checksum written with it"
+        problem = _pickle_problem(file) if name.endswith(".pt") else None
+        if problem:
+            return f"{name} {problem}"
     return None
+
+
+DEEPSPEED_STATE_GLOBALS = frozenset({
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.utils.tensor_fragment.fragment_address"})
+"""The classes beyond torch's weights-only set that DeepSpeed's optimizer states pickle (ZeRO 1-3, bf16, fp16's
+loss scaler): data holders whose construction runs no code of the file's choosing."""
+
+
+def _pickle_problem(file):
+    """Why a .pt file of a checkpoint must not be loaded, or None. DeepSpeed's resume unpickles its files in full
+    (not weights-only), and a folder's checksums prove nothing against one made to pass them: a file that is not a
+    torch.save archive, or whose pickle names globals beyond torch's weights-only set and DEEPSPEED_STATE_GLOBALS
+    (code that loading would run), is refused before any of it is loaded."""
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    try:
+        unsafe = [name for name in get_unsafe_globals_in_checkpoint(str(file)) if name not in DEEPSPEED_STATE_GLOBALS]
+    except Exception:  # a legacy pickle, or no archive at all: torch.load would unpickle it
+        return "is not a torch.save archive"
+    return f"would load Python objects beyond tensors ({', '.join(unsafe[:3])})" if unsafe else None
 
 
 def checkpoints_in(root):

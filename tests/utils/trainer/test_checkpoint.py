@@ -2,6 +2,7 @@
 checkpoint is due, a save/resume round trip of a real DeepSpeed engine that then trains on identically, the
 newest --save_total_limit kept, a failed save or non-finite weights leaving the last checkpoint as it was, and
 a TrainingPosition that resumes the same batches and the same random draws across an epoch boundary."""
+import hashlib
 import json
 import subprocess
 import sys
@@ -448,3 +449,35 @@ def test_a_signal_during_a_checkpoint_save_lets_it_finish_then_ends_the_run_in_o
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [LATEST, "step1"]  # finished, and complete
     assert latest_checkpoint(root) == root / "step1" and verify_checkpoint(root / "step1") is None
+
+
+def test_a_checkpoint_whose_manifest_or_pickles_cannot_be_trusted_is_damaged(make_engine, tmp_path):
+    """Before: a COMPLETE that was not JSON or listed no files passed unchecked (a truncated file then gave a
+    traceback), and a planted pickle with its checksum in COMPLETE ran its code when the engine loaded it."""
+    import pickle
+
+    engine, position = make_engine(), TrainingPosition(make_loader())
+    Checkpointer(tmp_path, 1, 2, {"model": engine}, position).save(1, {})
+    folder = tmp_path / "checkpoints" / "step1"
+    assert verify_checkpoint(folder) is None  # the engine's own files: tensors and plain containers only
+    manifest = json.loads((folder / COMPLETE).read_text())
+    for text in ("garbage", "[]", json.dumps({"step": 1, "files": {}})):
+        (folder / COMPLETE).write_text(text)
+        assert "COMPLETE" in verify_checkpoint(folder)
+    planted = next(name for name in manifest["files"] if name.endswith(".pt"))
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("a planted pickle ran",))
+
+    for content in (pickle.dumps(Payload()), b"PK\x03\x04 not a zip either"):
+        (folder / planted).write_bytes(content)
+        (folder / COMPLETE).write_text(json.dumps({"step": 1, "files": {
+            **manifest["files"], planted: [len(content), hashlib.sha256(content).hexdigest()]}}))
+        assert verify_checkpoint(folder) == f"{planted} is not a torch.save archive"
+    sneaky = tmp_path / "sneaky.pt"
+    torch.save({"weights": torch.zeros(2), "hook": Payload()}, sneaky)  # a real archive naming a callable
+    (folder / planted).write_bytes(sneaky.read_bytes())
+    (folder / COMPLETE).write_text(json.dumps({"step": 1, "files": {
+        **manifest["files"], planted: [sneaky.stat().st_size, hashlib.sha256(sneaky.read_bytes()).hexdigest()]}}))
+    assert verify_checkpoint(folder).startswith(f"{planted} would load Python objects beyond tensors (builtins.print")
