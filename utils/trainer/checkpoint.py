@@ -178,6 +178,11 @@ def checkpoints_in(root):
 # ---- the output folder -------------------------------------------------------------------------------------------
 
 
+DISCARD = set()
+"""The checkpoint roots whose earlier run's checkpoints --overwrite_output_dir deletes when this run's Checkpointer
+is made (claim_output_dir)."""
+
+
 def claim_output_dir(args, inputs=None, model_dirs=None):
     """Settle everything about --output_dir that could fail late or do harm, before any data or model is loaded.
     Rank 0 checks; every rank raises the same ConfigError if a check fails.
@@ -187,7 +192,8 @@ def claim_output_dir(args, inputs=None, model_dirs=None):
       the output folder itself), which the save would replace; no other run uses it (a lock held until this
       process's main ends, naming its PID);
     - a fresh run does not start over an earlier run's checkpoints (its pruning would delete them): --resume
-      continues them, --overwrite_output_dir deletes them first;
+      continues them, --overwrite_output_dir deletes them (DISCARD), not here but once the run's data and models
+      have loaded (its Checkpointer is made), so that a run refused for its input loses nothing;
     - temporary folders and files left by an interrupted save are deleted.
     Folders it had to create are removed at exit if the run left them empty (or holding its monitor's history
     alone: a run that failed before its first checkpoint or save). An interruption says "resume with --resume"
@@ -217,8 +223,9 @@ def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
             raise ConfigError(f"--output_dir {out} holds checkpoints of an earlier run ({names}); pass --resume to "
                               "continue it, --overwrite_output_dir to delete them and start over, or pick another "
                               "--output_dir")
-        shutil.rmtree(root)
-        print_rank_0(f"--overwrite_output_dir: deleted the earlier run's checkpoints in {root}")
+        DISCARD.add(root.resolve())
+        print_rank_0(f"--overwrite_output_dir: the earlier run's checkpoints in {root} are deleted once this run's "
+                     "data and models have loaded")
     if resume and latest_checkpoint(root) is not None:
         interrupt_hint(RESUME_HINT)
     delete_leftovers(out, root, say=print_rank_0)
@@ -366,6 +373,11 @@ class Checkpointer:
         self.tensors = {name: holder for name, holder in (tensors or {}).items() if holder is not None}
         self.last_step = 0
         self.kept = []  # this run's checkpoints, oldest first (a fresh run does not count an earlier run's)
+        if self.root.resolve() in DISCARD:  # --overwrite_output_dir, now that the run's inputs have loaded
+            DISCARD.discard(self.root.resolve())
+            if is_rank_0() and self.root.is_dir():
+                shutil.rmtree(self.root)
+                print_rank_0(f"--overwrite_output_dir: deleted the earlier run's checkpoints in {self.root}")
 
     def due(self, step, total_steps):
         """True at the first step at or after each multiple of save_steps, and at the last step."""

@@ -212,12 +212,16 @@ def test_claiming_the_output_dir_cleans_what_interrupted_saves_left_and_nothing_
 
 
 def test_overwrite_output_dir_deletes_the_earlier_checkpoints_and_a_new_folder_left_empty_is_removed(
-        distributed, tmp_path):
+        distributed, tmp_path, make_engine):
+    """--overwrite_output_dir deletes the earlier checkpoints once the run's Checkpointer is made (its data and
+    models loaded), not at the claim: before, a run then refused for its data had already lost them."""
     out = tmp_path / "out"
     make_checkpoint(out / "checkpoints", "step5")
     with pytest.raises(ConfigError, match=r"holds checkpoints of an earlier run \(step5\)"):
         claim(out)
     claim(out, overwrite=True)
+    assert (out / "checkpoints" / "step5").is_dir()  # a run that fails from here on loses nothing
+    Checkpointer(out, 0, 2, {"model": make_engine()}, TrainingPosition(make_loader()))
     assert not (out / "checkpoints").exists() and out.is_dir()
     new = tmp_path / "a" / "b"
     claim(new)
