@@ -172,7 +172,7 @@ def _parse_task(piece: str, spec: str) -> TaskSpec:
             raise ConfigError(f"{where} is set twice")
         keys.add(key)
         if key == "size":
-            size = _convert_int_at_least(text, 3, where)
+            size = _convert_int_at_least(text, 3, where, MAX_SIZE)
         elif key == "seed":
             seed = _convert_int_at_least(text, 0, where)
         elif key == "tool_traces":
@@ -217,10 +217,17 @@ def _default(field):
     return None
 
 
-def _convert_int_at_least(text: str, minimum: int, where: str) -> int:
+MAX_SIZE = 1_000_000
+"""The most questions a spec's `size` makes: generated one by one in this process (seconds per thousand), a
+larger size would run for hours before step 1 says a word."""
+
+
+def _convert_int_at_least(text: str, minimum: int, where: str, maximum: int | None = None) -> int:
     value = convert_value(text, int, None, where)
     if value < minimum:
         raise ConfigError(f"{where}={text} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where}={text} must be at most {maximum:,}")
     return value
 
 

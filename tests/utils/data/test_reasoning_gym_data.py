@@ -118,6 +118,8 @@ def test_settings_are_converted_to_the_fields_types():
      "reasoning_gym:chain_sum?min_terms=3&max_terms=2: reasoning-gym refuses this configuration "
      "(AssertionError: max_terms must be >= min_terms)"),
     ("reasoning_gym:chain_sum?size=2", "reasoning_gym:chain_sum: size=2 must be at least 3"),
+    ("reasoning_gym:chain_sum?size=99999999999999999999999",  # was: hours of generating without a word
+     "reasoning_gym:chain_sum: size=99999999999999999999999 must be at most 1,000,000"),
     ("reasoning_gym:chain_sum?size=10&size=20", "reasoning_gym:chain_sum: size is set twice"),
     ("reasoning_gym:chain_sum?min_terms", "setting 'min_terms' has no '='"),
     ("reasoning_gym:arc_agi?board_format_opts=x", "board_format_opts: a field of type BoardFormattingOptions cannot"),
