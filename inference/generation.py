@@ -13,7 +13,8 @@ from inference.sampling import sample, supports_native_sampling
 from inference.tool_rollout import tool_rollout
 from utils.data.data_utils import attention_mask_left, pad_left, tokenize_prompt
 from utils.data.prompting import encode_prompt_text
-from utils.model.model_utils import check_model_kind, load_pretrained, load_tokenizer, resolve_model_path
+from utils.model.model_utils import (ADDED_TOKENS_ROOM, check_model_kind, check_tokenizer_fits, load_pretrained,
+                                     load_tokenizer, resolve_model_path)
 from utils.model.save import read_training_settings, trained_answer_length
 from utils.runtime.ds_utils import TORCH_DTYPES
 from utils.runtime.errors import ChatRLHFError, ConfigError
@@ -42,6 +43,7 @@ def load_causal_lm(path_or_name, dtype="fp32", trust_remote_code=False):
     check_model_kind(path, reward=False, name=path_or_name)
     tokenizer = load_tokenizer(path, trust_remote_code, padding_side="left")
     model = load_pretrained(AutoModelForCausalLM, path, dtype=TORCH_DTYPES[dtype], trust_remote_code=trust_remote_code)
+    check_tokenizer_fits(model, tokenizer, path, room=ADDED_TOKENS_ROOM)  # ids past the rows: an IndexError
     model.eval()
     return model, tokenizer
 

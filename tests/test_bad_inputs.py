@@ -370,6 +370,14 @@ CASES = [
     Case("chat model folder without tokenizer files", "chat",
          ["--path", "{tmp}/broken/notokenizer", "--prompt", "hi"],
          ("model folder {tmp}/broken/notokenizer: its tokenizer cannot be loaded",), setup="broken models"),
+    Case("chat model folder with another model's (larger) tokenizer (was: an IndexError traceback)", "chat",
+         ["--path", "{tmp}/broken/bigtokenizer", "--prompt", "hi"],
+         ("model folder {tmp}/broken/bigtokenizer: its tokenizer has 440 tokens but the model's embeddings 340 rows",),
+         setup="broken models"),
+    Case("step1 model folder with another model's tokenizer (was: 100 random rows added silently)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/broken/bigtokenizer"],
+         ("model folder {tmp}/broken/bigtokenizer: its tokenizer has 440 tokens but the model's embeddings 340 "
+          "rows: the folder's tokenizer is another model's",), setup="broken models"),
     Case("chat malformed config.json", "chat", ["--path", "{tmp}/broken/badconfig", "--prompt", "hi"],
          ("{tmp}/broken/badconfig/config.json cannot be read as JSON",), setup="broken models"),
     Case("step1 malformed config.json", "step1", [*STEP1, "--model_name_or_path", "{tmp}/broken/badconfig"],
@@ -652,6 +660,11 @@ def write_broken_models(tmp, out, actor):
     gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": config["vocab_size"],
             "n_embd": config["hidden_size"], "n_layer": 2, "n_head": 4, "n_positions": 128}
     (broken("gpt2config") / "config.json").write_text(json.dumps(gpt2))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(actor)
+    tokenizer.add_tokens([f"<extra_{index}>" for index in range(440 - len(tokenizer))])
+    tokenizer.save_pretrained(broken("bigtokenizer"))
 
 
 def write_opt_model(tmp, out, actor):

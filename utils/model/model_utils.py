@@ -139,8 +139,23 @@ def create_hf_model(model_class, path, tokenizer, ds_config=None, dropout=None, 
     model.config.end_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        check_tokenizer_fits(model, tokenizer, path, room=ADDED_TOKENS_ROOM)
         model.resize_token_embeddings(int(8 * math.ceil(len(tokenizer) / 8.0)))
     return model
+
+
+ADDED_TOKENS_ROOM = 64
+"""How many tokens a tokenizer may hold beyond the model's embeddings (a pad token, a few special ones, for which
+training adds rows: DeepSpeed-Chat's resize); more, and the folder's tokenizer is another model's."""
+
+
+def check_tokenizer_fits(model, tokenizer, path, room=0):
+    """Refuse (ConfigError) a tokenizer with more than `room` tokens beyond the model's embeddings: its ids past
+    them would index no row (inference), or train rows that start random (a tokenizer of another model)."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows + room:
+        raise ConfigError(f"model folder {path}: its tokenizer has {len(tokenizer)} tokens but the model's embeddings "
+                          f"{rows} rows: the folder's tokenizer is another model's")
 
 
 def load_pretrained(model_class, path, dropped=(), **kwargs):
