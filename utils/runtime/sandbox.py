@@ -83,7 +83,8 @@ def _hook(event, args, folder=os.path.realpath(folder) + os.sep,
                                "os.startfile", "sys.remote_exec")),
           blocked_imports=frozenset(("ctypes", "_ctypes", "gc", "_posixsubprocess", "subprocess", "_socket",
                                      "socket", "ssl", "_ssl", "multiprocessing", "_multiprocessing", "mmap",
-                                     "resource", "signal", "_signal", "pty", "fcntl", "select", "asyncio")),
+                                     "resource", "signal", "_signal", "pty", "fcntl", "select", "asyncio",
+                                     "posix", "nt")),
           changes=frozenset(("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link",
                              "os.chmod", "os.chown", "os.truncate", "os.utime", "os.chflags", "os.lchflags",
                              "os.mkfifo", "os.mknod", "shutil.rmtree", "shutil.copyfile", "shutil.move"))):
@@ -120,7 +121,12 @@ def _hook(event, args, folder=os.path.realpath(folder) + os.sep,
 
 for name in [name for name in sys.modules if name.split(".")[0] in ("ctypes", "_ctypes", "resource")]:
     del sys.modules[name]  # imported by the bootstrap: an import of them must go through the hook again
-if hook:
+if hook:  # os.mkfifo and os.mknod raise no audit event: gone, and posix (whose fresh import has them) refused
+    import posix
+    for module, name in ((os, "mkfifo"), (os, "mknod"), (posix, "mkfifo"), (posix, "mknod")):
+        if hasattr(module, name):
+            delattr(module, name)
+    del posix
     sys.addaudithook(_hook)
 del _hook, resource
 sys.argv = ["<tool>"]
