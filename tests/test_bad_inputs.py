@@ -248,6 +248,12 @@ CASES = [
     Case("step1 --deepspeed_config with an optimizer section", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_optimizer.json"],
          ("--deepspeed_config {tmp}/ds_optimizer.json: its 'optimizer' section would have no effect",)),
+    Case("step1 --deepspeed_config with a ZeRO stage 7 (was: a pydantic traceback)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_stage7.json"],
+         ("--deepspeed_config {tmp}/ds_stage7.json: zero_optimization.stage: Input should be 0, 1, 2, 3",)),
+    Case("step1 --deepspeed_config with NaN (was: clipping silently off)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_nan.json"],
+         ("--deepspeed_config {tmp}/ds_nan.json: NaN is not a number (a value it cannot mean)",)),
     Case("step1 --deepspeed_config batch size against the flags", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--per_device_train_batch_size", "4", "--deepspeed_config",
           "{tmp}/ds_batch.json"], ("--deepspeed_config {tmp}/ds_batch.json: train_batch_size 32 disagrees with "
@@ -611,6 +617,8 @@ def write_bad_data(tmp):
     write_jsonl(tmp / "badmessages.jsonl", [GOOD_ROW, messages, bad_messages] + [GOOD_ROW] * 3)
     (tmp / "empty.jsonl").write_text("\n\n")
     (tmp / "ds_optimizer.json").write_text(json.dumps({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}))
+    (tmp / "ds_stage7.json").write_text(json.dumps({"zero_optimization": {"stage": 7}}))
+    (tmp / "ds_nan.json").write_text('{"gradient_clipping": NaN}')
     (tmp / "latin1.txt").write_bytes(" Human: caf\xe9? Assistant:\n".encode("latin-1"))
     (tmp / "ds_batch.json").write_text(json.dumps({"train_batch_size": 32}))
     other_task = dict(GOOD_ROW, prompt=" Human: Tell a joke. Assistant:")

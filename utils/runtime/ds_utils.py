@@ -178,10 +178,13 @@ def merge_user_ds_config(config, deepspeed_config_path, batch_flag="--per_device
         return config
     import json
 
+    def not_a_number(constant):
+        raise ValueError(f"{constant} is not a number (a value it cannot mean)")
+
     try:
         with open(deepspeed_config_path) as f:
-            user = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
+            user = json.load(f, parse_constant=not_a_number)
+    except (OSError, ValueError) as err:
         raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: {err}") from None
     if not isinstance(user, dict):
         raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: expected a JSON object, got "
@@ -196,7 +199,18 @@ def merge_user_ds_config(config, deepspeed_config_path, batch_flag="--per_device
             raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: {key} {user[key]} disagrees with the "
                               f"{config[key]} of the flags ({batch_flag} x "
                               "--gradient_accumulation_steps x processes); set batch sizes with the flags")
-    return _deep_merge(config, user)
+    merged = _deep_merge(config, user)
+    if isinstance(merged.get("zero_optimization"), dict):  # checked here, not by a traceback from deepspeed
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+        from pydantic import ValidationError
+
+        try:
+            DeepSpeedZeroConfig(**merged["zero_optimization"])
+        except ValidationError as err:
+            first = err.errors()[0]
+            raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: zero_optimization."
+                              f"{'.'.join(map(str, first['loc']))}: {first['msg']}, got {first.get('input')!r}") from None
+    return merged
 
 
 def _deep_merge(base, overlay):
