@@ -821,3 +821,14 @@ def test_a_failing_step_under_train_py_is_one_error_line_and_leaves_only_its_log
     assert "step 1 FAILED" in stdout and "Traceback" not in stderr
     assert "launching:" not in stdout  # the step's own error line says it: no tail of its log
     assert folder_state(out) == ["actor-models", "actor-models/tiny", "actor-models/tiny/training.log"]
+
+
+def test_a_cache_variable_naming_a_file_is_one_error_line(tmp_path):
+    """Before: a FileExistsError traceback from the cache's mkdir."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    code, _, stderr = run_process("chat process", ["--path", "tiny", "--prompt", "hi"],
+                                  env={"CHATRLHF_CACHE": str(afile)})
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert [line for line in stderr.splitlines() if line.startswith("error:")] == [
+        f"error: CHATRLHF_CACHE={afile}: cannot make the folder (File exists)"]

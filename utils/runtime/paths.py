@@ -14,8 +14,13 @@ TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.tmp|old|\d+\.tmp)")
 
 def cache_dir() -> Path:
     """The cache root: `$CHATRLHF_CACHE`, else `~/.cache/chatrlhf`. Created on first use."""
-    root = Path(os.environ.get("CHATRLHF_CACHE") or Path.home() / ".cache" / "chatrlhf")
-    root.mkdir(parents=True, exist_ok=True)
+    given = os.environ.get("CHATRLHF_CACHE")
+    root = Path(given or Path.home() / ".cache" / "chatrlhf")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file there, a read-only parent
+        where = f"CHATRLHF_CACHE={given}" if given else f"the cache folder {root} (set CHATRLHF_CACHE)"
+        raise ConfigError(f"{where}: cannot make the folder ({err.strerror})") from None
     return root
 
 
