@@ -429,6 +429,9 @@ def check_inputs(args, runs, selected):
         if not Path(hostfile).is_file():
             raise ConfigError(f"--hostfile {hostfile} does not exist (multi_node runs the hosts of a DeepSpeed "
                               "hostfile)")
+    for flag, model in (("--actor-model", args.actor_model), ("--reward-model", args.reward_model)):
+        if model is not None and Path(model).exists() and not (Path(model) / "config.json").is_file():
+            raise ConfigError(f"{flag} {model or repr(model)} is not a model folder (no config.json in it)")
     made = {run.name for run in selected}
     for run in selected:
         for earlier in run_inputs(args, run, runs):

@@ -887,3 +887,18 @@ def test_a_stage_that_exits_0_without_saving_fails_the_run(tmp_path, monkeypatch
                                 f"writes it last: it stopped before saving); its log: {earlier}/training.log; re-run "
                                 "this step alone with --step 1"]
     assert not (out / "report.md").exists()
+
+
+def test_a_base_model_that_is_no_model_folder_is_refused_before_any_step(tmp_path, monkeypatch, capsys):
+    """Before: --reward-model naming a file was refused when step 2 started, after step 1 had trained; an empty
+    --actor-model was the working directory."""
+    monkeypatch.setattr(train, "run_child", never_launched)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    code, _, err = run_main(["--step", "1", "2", "--output-dir", str(tmp_path / "out"), "--reward-model", str(afile)],
+                            capsys)
+    assert (code, error_lines(err)) == (2, [f"error: --reward-model {afile} is not a model folder (no config.json in "
+                                            "it)"])
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(["--step", "1", "--output-dir", str(tmp_path / "out"), "--actor-model", ""], capsys)
+    assert (code, error_lines(err)) == (2, ["error: --actor-model '' is not a model folder (no config.json in it)"])
