@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.data.prompting import (dialogue_system, dialogue_text, encode_prompt_text, model_answer, model_prompt,
-                                  parse_dialogue, shorter_prompts, with_system)
+from utils.data.prompting import (dialogue_system, dialogue_text, encode_prompt_text, has_chat_template, model_answer,
+                                  model_prompt, parse_dialogue, shorter_prompts, with_system)
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
                                      builtin_data_dir, is_saved_dataset, load_hub, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
@@ -134,13 +134,18 @@ def split_part_indices(output_path, dataset_name, seed, split_name, data_split, 
 
 def tokenize_prompt(tokenizer, prompt):
     """Prompt token ids, in the model's chat format when it has one, with the special tokens the tokenizer
-    adds at the start (e.g. a BOS)."""
+    adds at the start (e.g. a BOS). Without a chat template the prompt is the data's text alone, so a special
+    token's text in it (`</s>` in HTML or code) is text, not that token."""
+    if not has_chat_template(tokenizer):
+        return encode_prompt_text(tokenizer, prompt, text_only=True)
     return encode_prompt_text(tokenizer, model_prompt(tokenizer, prompt))
 
 
 def tokenize_answer(tokenizer, answer):
-    """Answer token ids followed by EOS: the model is trained to stop."""
-    return tokenizer(model_answer(tokenizer, answer), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    """Answer token ids followed by EOS: the model is trained to stop there and nowhere else (a special token's
+    text in the answer, as `</s>` or `<|im_end|>`, is tokenized as text)."""
+    return tokenizer(model_answer(tokenizer, answer), add_special_tokens=False,
+                     split_special_tokens=True)["input_ids"] + [tokenizer.eos_token_id]
 
 
 class SampleCounter:

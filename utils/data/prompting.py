@@ -109,8 +109,11 @@ def model_answer(tokenizer, answer):
     return answer.strip() if has_chat_template(tokenizer) else answer
 
 
-def encode_prompt_text(tokenizer, text):
+def encode_prompt_text(tokenizer, text, text_only=False):
     """Token ids of a prompt already in the model's format: the tokenizer's special tokens are added, except a
-    second BOS when the text starts with one (a chat template that writes it)."""
+    second BOS when the text starts with one (a chat template that writes it); `text_only`: a special token's text
+    in it is text (a prompt with no template's tokens in it)."""
     bos = tokenizer.bos_token
+    if text_only:
+        return tokenizer(text, split_special_tokens=True)["input_ids"]
     return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]

@@ -86,3 +86,18 @@ def test_the_text_before_the_first_turn_is_the_system_prompt_a_chat_template_mod
     assert format_turns(tiny_tokenizer, parse_dialogue(prompt), dialogue_system(prompt)) == prompt
     # A length limit gives up the earliest exchanges, never the system prompt.
     assert shorter_prompts(prompt) == ["Be brief.\n\n Human: 2+2? Assistant:"]
+
+
+def test_a_special_tokens_text_in_the_data_is_text_not_that_token(tiny_tokenizer):
+    """Before: an answer ' use <s>old</s> new' trained a BOS and an EOS mid-answer (SFT taught the model to stop
+    there). Training and the evaluation tokenize a prompt alike."""
+    from inference.generation import tokenize_prompts
+
+    tok = tiny_tokenizer
+    answer = tokenize_answer(tok, " use <s>old</s> new")
+    assert answer.count(tok.eos_token_id) == 1 and answer[-1] == tok.eos_token_id and tok.bos_token_id not in answer
+    assert tok.decode(answer[:-1]) == " use <s>old</s> new"
+    prompt = " Human: what does </s> mean in HTML? Assistant:"
+    ids = tokenize_prompt(tok, prompt)
+    assert tok.eos_token_id not in ids and ids == tokenize_prompts(tok, [prompt])[0]
+    assert tokenize_prompt(tok, " Human: hi Assistant:") == tok(" Human: hi Assistant:")["input_ids"]  # as before
