@@ -8,8 +8,8 @@ import torch
 import transformers
 from transformers import AutoModel, AutoModelForCausalLM
 
-from utils.model.model_utils import (REWARD_MODEL_KEY, configure_dropout, count_parameters, create_hf_model,
-                                     load_tokenizer, position_ids_from_mask, resolve_model_path)
+from utils.model.model_utils import (ADDED_TOKENS_ROOM, REWARD_MODEL_KEY, configure_dropout, count_parameters,
+                                     create_hf_model, load_tokenizer, position_ids_from_mask, resolve_model_path)
 from utils.model.tiny import train_tokenizer
 from utils.runtime.errors import ConfigError
 
@@ -118,10 +118,18 @@ def test_a_bf16_folder_loads_in_fp32(tmp_path, small_config, tiny_tokenizer):
 
 
 def test_create_hf_model_grows_embeddings_to_fit_the_tokenizer(tmp_path, small_config, tiny_tokenizer):
-    AutoModelForCausalLM.from_config(small_config("llama", vocab_size=100)).save_pretrained(tmp_path)
-    model = create_hf_model(AutoModelForCausalLM, str(tmp_path), tiny_tokenizer)
+    """A few tokens past the embeddings (a pad token, special ones) get rows (DeepSpeed-Chat's resize); a tokenizer
+    far larger than them is another model's, refused rather than trained on rows that start random."""
+    near, far = tmp_path / "near", tmp_path / "far"
+    vocab = len(tiny_tokenizer) - ADDED_TOKENS_ROOM
+    AutoModelForCausalLM.from_config(small_config("llama", vocab_size=vocab)).save_pretrained(near)
+    model = create_hf_model(AutoModelForCausalLM, str(near), tiny_tokenizer)
     rows = model.get_input_embeddings().num_embeddings
     assert rows >= len(tiny_tokenizer) and rows % 8 == 0 and rows - len(tiny_tokenizer) < 8
+    AutoModelForCausalLM.from_config(small_config("llama", vocab_size=vocab - 1)).save_pretrained(far)
+    with pytest.raises(ConfigError, match=f"its tokenizer has {len(tiny_tokenizer)} tokens but the model's "
+                                          f"embeddings {vocab - 1} rows"):
+        create_hf_model(AutoModelForCausalLM, str(far), tiny_tokenizer)
 
 
 def test_a_reward_model_folder_is_refused_as_a_causal_lm(model_dir, tmp_path, tiny_tokenizer):
