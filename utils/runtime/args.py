@@ -486,12 +486,8 @@ def _non_negative(value):
 # every value must be finite, so NaN and inf are refused everywhere. Checks that relate two flags, or that depend
 # on another flag's value, stay with the script.
 FLAG_RANGES = {
-    # A learning rate above 1 moves an Adam-trained weight by more than 1 a step: the model is wrecked while the
-    # run reports finite losses (1e30 left every weight near 7e29 and a uniform prediction).
     **dict.fromkeys(("learning_rate", "lora_learning_rate", "actor_learning_rate", "critic_learning_rate",
-                     "actor_lora_learning_rate", "critic_lora_learning_rate"),
-                    ("in (0, 1]", lambda value: 0 < value <= 1)),
-    **dict.fromkeys(("temperature", "cliprange",
+                     "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange",
                      "cliprange_value", "adaptive_kl_horizon", "beta", "desirable_weight",
                      "undesirable_weight", "tool_timeout", "entropy_coef_step"), ("positive", _positive)),
     **dict.fromkeys(("weight_decay", "max_train_minutes", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
