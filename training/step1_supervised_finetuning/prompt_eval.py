@@ -28,7 +28,7 @@ from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.runtime.args import (ArgumentParser, add_column_args, add_data_path_arg, add_generation_args,
                                 add_output_json_arg, add_reward_fn_arg, add_tool_args, check_flag_ranges,
                                 column_keys, is_auto)
-from utils.runtime.errors import ConfigError, cli_entry
+from utils.runtime.errors import ConfigError, DataError, cli_entry
 from utils.runtime.paths import check_not_an_input, check_output_file, write_file_atomic
 from utils.runtime.tool_format import tool_use
 
@@ -72,6 +72,40 @@ def parse_args(argv=None):
     return args
 
 
+def fit_to_context(args, prompts):
+    """The data's held-out prompts as they fit the finetuned model's context with --max_new_tokens: a dialogue's
+    earliest turns dropped first, as training fits its rows (utils.data.data_utils.fit_prompt); a prompt whose last
+    turn alone does not fit is left out. Both counts are said; a prompts file's prompts are the user's own, never
+    cut (one too long is an error)."""
+    from transformers import AutoConfig
+
+    from inference.generation import CONTEXT_KEYS
+    from utils.data.data_utils import SampleCounter, fit_prompt
+    from utils.model.model_utils import load_tokenizer
+
+    path = resolve_model_path(args.model_name_or_path_finetune)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    context = next((value for key in CONTEXT_KEYS if isinstance(value := getattr(config, key, None), int)
+                    and value > 0), None)
+    if context is None or args.max_new_tokens >= context:
+        return prompts  # unbounded, or refused by the generation with its own message
+    tokenizer = load_tokenizer(path, args.trust_remote_code)
+    counter, fitted = SampleCounter("held-out prompts"), []
+    for prompt in prompts:
+        fit = fit_prompt(tokenizer, prompt, args.max_new_tokens, "--max_new_tokens", context, counter)
+        if fit is None:
+            counter.skip_too_long(f"longer than the context ({context}) less --max_new_tokens")
+        else:
+            counter.kept += 1
+            fitted.append(fit[0])
+    if counter.trimmed or counter.skipped:
+        print(counter.summary(), flush=True)
+    if not fitted:
+        raise DataError(f"no held-out prompt fits the context of {context} positions with --max_new_tokens "
+                        f"{args.max_new_tokens}; give a smaller --max_new_tokens")
+    return fitted
+
+
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
@@ -101,6 +135,8 @@ def main(argv=None):
     elif args.max_new_tokens is None:
         args.max_new_tokens = trained_max_new_tokens(resolve_model_path(args.model_name_or_path_finetune), prompts,
                                                       args.trust_remote_code)
+    if not args.prompts_file:
+        prompts = fit_to_context(args, prompts)
     from utils.runtime.ds_utils import choose_dtype
     from utils.runtime.dist import quiet_transformers
 

@@ -470,7 +470,8 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
                                                  its samples and counts replacing theirs; without `rebuild`, the
                                                  longer samples are dropped, and the drop is said
         --max_answer_seq_len, --max_new_tokens   ANSWER_ROOM x the percentile of the reference answers' lengths
-                                                 of `data_paths`
+                                                 of `data_paths` (--max_answer_seq_len: at most the context less
+                                                 --max_prompt_seq_len)
 
     Data without reference answers gets UNMEASURED_ANSWER_TOKENS for an answer length, and says so."""
     cap = min(auto_length_cap(tokenizer), getattr(args, "max_auto_len", None) or math.inf)
@@ -491,8 +492,14 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
                 value, measured = UNMEASURED_ANSWER_TOKENS, "no reference answers"
                 print_rank_0(f"--{name} auto: {', '.join(data_paths)} has no reference answers to measure; "
                              f"{value} tokens (give --{name} a number to change it)")
-        if value > cap:
-            value, measured = cap, f"{measured}: {value}, capped at {cap}"
+        bound, why = cap, ""
+        prompt_len = getattr(args, "max_prompt_seq_len", None)  # fitted before the answer's, if auto
+        if name == "max_answer_seq_len" and isinstance(prompt_len, int) and \
+                1 <= auto_length_cap(tokenizer) - prompt_len < bound:  # a prompt and its answer within the context
+            bound = auto_length_cap(tokenizer) - prompt_len
+            why = f" (the context {auto_length_cap(tokenizer)} less --max_prompt_seq_len {prompt_len})"
+        if value > bound:
+            value, measured = bound, f"{measured}: {value}, capped at {bound}{why}"
         setattr(args, name, value)
         fitted.append(f"--{name} {value} ({measured})")
         if name in ("max_seq_len", "max_prompt_seq_len"):

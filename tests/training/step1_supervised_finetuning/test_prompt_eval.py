@@ -263,3 +263,22 @@ def test_prompt_eval_scores_prompt_only_data_with_a_users_reward_function(tmp_pa
             assert len(answers) == 5  # the eval split of a folder: its eval.jsonl
             expected = sum(min(len(a.split()), 4) / 4 for a in answers) / len(answers)
             assert results[name][decoding] == {"all": pytest.approx(expected)}
+
+
+def test_held_out_prompts_are_fitted_to_the_context_as_training_fits_them(tiny_tokenizer, capsys):
+    """Before: one held-out dialogue longer than the context less --max_new_tokens ended the closing evaluation of
+    a run on HH-like data with an error. A dialogue loses its earliest turns first; one whose last turn alone does
+    not fit is left out; both counts are said."""
+    from argparse import Namespace
+
+    from training.step1_supervised_finetuning.prompt_eval import fit_to_context
+
+    turn = " Human: " + "tell me more " * 12 + "Assistant: " + "more words here " * 12
+    prompts = [" Human: hi Assistant:", turn * 6 + " Human: and? Assistant:", " Human: " + "long " * 200 + "Assistant:"]
+    args = Namespace(model_name_or_path_finetune="tiny", trust_remote_code=False, max_new_tokens=400)
+    fitted = fit_to_context(args, prompts)  # the tiny model's 512 positions leave 112 for a prompt
+    assert fitted[0] == prompts[0] and fitted[1].endswith(" Human: and? Assistant:") and len(fitted) == 2
+    assert len(tiny_tokenizer(fitted[1])["input_ids"]) + 400 <= 512 < len(tiny_tokenizer(prompts[1])["input_ids"])
+    said = capsys.readouterr().out
+    assert "held-out prompts: 2 samples, 1 of them with earlier turns dropped to fit (skipped: 1 longer than the " \
+           "context (512) less --max_new_tokens)" in said

@@ -519,6 +519,23 @@ def test_auto_max_lengths_fit_the_longest_sample_and_twice_the_longest_answer(tm
     assert args.max_prompt_seq_len == max(len(tokenize_prompt(tiny_tokenizer, r["prompt"])) for r in rows("train", 20))
 
 
+def test_an_auto_answer_length_leaves_the_prompt_its_room_in_the_context(tmp_path, tiny_tokenizer, monkeypatch):
+    """Before: HH-like data with the tiny model (a context of 512) took --max_prompt_seq_len 309 and
+    --max_answer_seq_len 512, which step 3 trained with and the closing evaluation then refused ("max_new_tokens
+    512 leaves no room for a prompt")."""
+    from argparse import Namespace
+
+    from utils.data.data_utils import auto_length_cap, fit_auto_lengths
+
+    context = auto_length_cap(tiny_tokenizer)
+    long_answer = " word" * context
+    write_jsonl(tmp_path / "data" / "train.jsonl", [{"prompt": f" Human: q{i} Assistant:", "chosen": long_answer}
+                                                   for i in range(10)])
+    args = Namespace(seed=1, max_prompt_seq_len=40, max_answer_seq_len="auto")
+    fit_auto_lengths(args, [str(tmp_path / "data")], tiny_tokenizer)
+    assert args.max_answer_seq_len == context - 40
+
+
 def test_an_auto_answer_length_of_data_without_reference_answers_is_a_fixed_budget_said_aloud(tiny_tokenizer,
                                                                                              capsys):
     from argparse import Namespace
