@@ -62,9 +62,10 @@ def trained_max_new_tokens(model_path, prompts, trust_remote_code=False):
 
 
 def context_length(model):
-    """The number of positions the model can attend over (None if its config does not say)."""
+    """The number of positions the model (or a model's config) can attend over (None if its config does not say)."""
+    config = getattr(model, "config", model)
     for key in CONTEXT_KEYS:
-        value = getattr(model.config, key, None)
+        value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
             return value
     return None

@@ -79,14 +79,12 @@ def fit_to_context(args, prompts):
     cut (one too long is an error)."""
     from transformers import AutoConfig
 
-    from inference.generation import CONTEXT_KEYS
+    from inference.generation import context_length
     from utils.data.data_utils import SampleCounter, fit_prompt
     from utils.model.model_utils import load_tokenizer
 
     path = resolve_model_path(args.model_name_or_path_finetune)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
-    context = next((value for key in CONTEXT_KEYS if isinstance(value := getattr(config, key, None), int)
-                    and value > 0), None)
+    context = context_length(AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code))
     if context is None or args.max_new_tokens >= context:
         return prompts  # unbounded, or refused by the generation with its own message
     tokenizer = load_tokenizer(path, args.trust_remote_code)
