@@ -321,6 +321,9 @@ def run_stage(args, run):
         return 0.0
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "training.log"
+    # Over an earlier model, its log is kept until this run has saved in its place (a failed run leaves both).
+    replacing = not args.resume and (out_dir / "config.json").is_file() and log_path.is_file()
+    log_path = log_path.with_name("training.log.partial") if replacing else log_path
     print(f"---- step {step} ({run.name}): {run.spec.folder or run.spec.script} -> {out_dir} (log: "
           f"{log_path})", flush=True)
     interrupt_hint(f"step {step} stopped (its log: {log_path}); resume with --resume")
@@ -354,6 +357,9 @@ def run_stage(args, run):
               f"last: it stopped before saving); its log: {log_path}; re-run this step alone with --step {step}",
               file=sys.stderr, flush=True)
         return None
+    if replacing:  # saved: this run's log is the model's now
+        os.replace(log_path, out_dir / "training.log")
+        log_path = out_dir / "training.log"
     for line in data_notices(log_path, offset):
         print(line, flush=True)
     print(f"step {step} done in {elapsed:.1f} s", flush=True)

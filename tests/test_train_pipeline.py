@@ -902,3 +902,33 @@ def test_a_base_model_that_is_no_model_folder_is_refused_before_any_step(tmp_pat
     monkeypatch.chdir(tmp_path)
     code, _, err = run_main(["--step", "1", "--output-dir", str(tmp_path / "out"), "--actor-model", ""], capsys)
     assert (code, error_lines(err)) == (2, ["error: --actor-model '' is not a model folder (no config.json in it)"])
+
+
+def test_a_failed_stage_over_an_earlier_model_keeps_its_log(tmp_path, monkeypatch, capsys):
+    """Before: the failed run's log replaced the earlier model's training.log (its weights were kept). Now the
+    run logs beside it, and its log becomes the model's only once it has saved."""
+    out = tmp_path / "out"
+    earlier = out / "actor-models" / "tiny"
+    earlier.mkdir(parents=True)
+    (earlier / "config.json").write_text("{}")
+    (earlier / "training.log").write_text("the earlier run's log\n")
+
+    def fails(command, stdout, **kwargs):
+        stdout.write("error: the data is bad\n")
+        return 2
+
+    monkeypatch.setattr(train, "run_child", fails)
+    code, _, err = run_main(["--step", "1", "--no-eval", "--output-dir", str(out)], capsys)
+    assert code == 1 and error_lines(err)[0].startswith("error: step 1 failed: the data is bad")
+    assert (earlier / "training.log").read_text() == "the earlier run's log\n"
+    assert "error: the data is bad" in (earlier / "training.log.partial").read_text()
+
+    def saves(command, stdout, **kwargs):
+        stdout.write("saved\n")
+        (earlier / "metrics.json").write_text("{}")
+        return 0
+
+    monkeypatch.setattr(train, "run_child", saves)
+    code, _, err = run_main(["--step", "1", "--no-eval", "--output-dir", str(out)], capsys)
+    assert code == 0, err
+    assert "saved" in (earlier / "training.log").read_text() and not (earlier / "training.log.partial").exists()
