@@ -191,7 +191,7 @@ def measure_compile(model_name, repeats, warmup, num_batches=8):
     (`utils.trainer.engine.eager`) in alternation, so both sides train the same weights on the same batches.
     Before the timed runs the compiled engine takes one step on a batch of each shape: the compile (and a
     recompile for a new shape), whose seconds (with those steps') are `compile_seconds`."""
-    _, batches, engine = step1_case(model_name, num_batches, compiled=True)
+    args, batches, engine = step1_case(model_name, num_batches, compiled=True)
     start = time.perf_counter()
     for batch in {tuple(batch["input_ids"].shape): batch for batch in batches}.values():
         engine_train_step(engine, batch)
