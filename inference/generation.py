@@ -12,7 +12,7 @@ import torch
 from inference.sampling import sample, supports_native_sampling
 from inference.tool_rollout import tool_rollout
 from utils.data.data_utils import attention_mask_left, pad_left, tokenize_prompt
-from utils.data.prompting import encode_prompt_text, has_chat_template
+from utils.data.prompting import encode_prompt_text
 from utils.model.model_utils import (ADDED_TOKENS_ROOM, check_model_kind, check_tokenizer_fits, load_pretrained,
                                      load_tokenizer, resolve_model_path)
 from utils.model.save import read_training_settings, trained_answer_length
@@ -84,10 +84,8 @@ def max_prompt_tokens(model, max_new_tokens):
 
 
 def tokenize_prompts(tokenizer, prompts):
-    """Token ids of prompts already in the model's format, as training tokenizes them (without a chat template, a
-    special token's text in a prompt is text: utils.data.data_utils.tokenize_prompt)."""
-    text_only = not has_chat_template(tokenizer)
-    return [encode_prompt_text(tokenizer, prompt, text_only=text_only) for prompt in prompts]
+    """Token ids of prompts already in the model's format, as training tokenizes them."""
+    return [encode_prompt_text(tokenizer, prompt) for prompt in prompts]
 
 
 def check_prompts(model, tokenizer, prompts, max_new_tokens):

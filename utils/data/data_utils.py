@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.data.prompting import (dialogue_system, dialogue_text, encode_prompt_text, has_chat_template, model_answer,
-                                  model_prompt, parse_dialogue, shorter_prompts, with_system)
+from utils.data.prompting import (dialogue_system, dialogue_text, encode_prompt_text, model_answer, model_prompt,
+                                  parse_dialogue, shorter_prompts, with_system)
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
                                      builtin_data_dir, is_saved_dataset, load_hub, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
@@ -134,10 +134,7 @@ def split_part_indices(output_path, dataset_name, seed, split_name, data_split, 
 
 def tokenize_prompt(tokenizer, prompt):
     """Prompt token ids, in the model's chat format when it has one, with the special tokens the tokenizer
-    adds at the start (e.g. a BOS). Without a chat template the prompt is the data's text alone, so a special
-    token's text in it (`</s>` in HTML or code) is text, not that token."""
-    if not has_chat_template(tokenizer):
-        return encode_prompt_text(tokenizer, prompt, text_only=True)
+    adds at the start (e.g. a BOS)."""
     return encode_prompt_text(tokenizer, model_prompt(tokenizer, prompt))
 
 
@@ -474,7 +471,8 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
                                                  --max_prompt_seq_len)
 
     Data without reference answers gets UNMEASURED_ANSWER_TOKENS for an answer length, and says so."""
-    cap = min(auto_length_cap(tokenizer), getattr(args, "max_auto_len", None) or math.inf)
+    context = auto_length_cap(tokenizer)
+    cap = min(context, getattr(args, "max_auto_len", None) or math.inf)
     fitted, bounds = [], []
     for name in LENGTH_FLAGS:
         percentile = auto_percentile(getattr(args, name, None))
@@ -494,10 +492,9 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
                              f"{value} tokens (give --{name} a number to change it)")
         bound, why = cap, ""
         prompt_len = getattr(args, "max_prompt_seq_len", None)  # fitted before the answer's, if auto
-        if name == "max_answer_seq_len" and isinstance(prompt_len, int) and \
-                1 <= auto_length_cap(tokenizer) - prompt_len < bound:  # a prompt and its answer within the context
-            bound = auto_length_cap(tokenizer) - prompt_len
-            why = f" (the context {auto_length_cap(tokenizer)} less --max_prompt_seq_len {prompt_len})"
+        if name == "max_answer_seq_len" and isinstance(prompt_len, int) and 1 <= context - prompt_len < bound:
+            bound = context - prompt_len  # a prompt and its answer within the context
+            why = f" (the context {context} less --max_prompt_seq_len {prompt_len})"
         if value > bound:
             value, measured = bound, f"{measured}: {value}, capped at {bound}{why}"
         setattr(args, name, value)

@@ -109,11 +109,11 @@ def model_answer(tokenizer, answer):
     return answer.strip() if has_chat_template(tokenizer) else answer
 
 
-def encode_prompt_text(tokenizer, text, text_only=False):
+def encode_prompt_text(tokenizer, text):
     """Token ids of a prompt already in the model's format: the tokenizer's special tokens are added, except a
-    second BOS when the text starts with one (a chat template that writes it); `text_only`: a special token's text
-    in it is text (a prompt with no template's tokens in it)."""
-    bos = tokenizer.bos_token
-    if text_only:
+    second BOS when the text starts with one (a chat template that writes it). Without a chat template the prompt
+    is the data's text alone, so a special token's text in it (`</s>` in HTML or code) is text, not that token."""
+    if not has_chat_template(tokenizer):
         return tokenizer(text, split_special_tokens=True)["input_ids"]
+    bos = tokenizer.bos_token
     return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
