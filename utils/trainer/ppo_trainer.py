@@ -82,11 +82,8 @@ class PPOTrainer:
         (B, P + A) token ids; A <= max_answer_seq_len. `--generation_backend native` samples with
         `inference.sampling.sample` (same distribution and layout, faster), `hf` with Hugging Face `generate`."""
         args = self.args
-        if args.generation_backend == "native" and supports_native_sampling(self.actor.module):
-            with gathered_for_generation(self.actor):
-                return sample(self.actor.module, prompts, prompt_mask, args.max_answer_seq_len, args.temperature,
-                              args.top_p, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                              synced=self.zero3_generation)
+        if self.native_sampling():
+            return self.sample_natively(prompts, prompt_mask)
         with torch.no_grad(), gathered_for_generation(self.actor):
             seq = self.actor.module.generate(
                 input_ids=prompts, attention_mask=prompt_mask, max_new_tokens=args.max_answer_seq_len,
@@ -95,16 +92,25 @@ class PPOTrainer:
                 synced_gpus=self.zero3_generation, use_cache=True, **NEUTRAL_PROCESSORS, **NEUTRAL_SAMPLING)
         return seq
 
-    def sample_with_logprobs(self, prompts, prompt_mask):
-        """--rollout_logprobs: (seq, the sampler's log-probs of the answer tokens (B, A)) where the native sampler
-        decodes, else (generate_sequence's seq, None)."""
+    def native_sampling(self):
+        """Whether the rollouts are `inference.sampling.sample`'s: --generation_backend native, on a model it
+        supports."""
+        return self.args.generation_backend == "native" and supports_native_sampling(self.actor.module)
+
+    def sample_natively(self, prompts, prompt_mask, return_logprobs=False):
+        """`inference.sampling.sample`'s rollouts of the actor (and, with `return_logprobs`, their log-probs)."""
         args = self.args
-        if args.generation_backend != "native" or not supports_native_sampling(self.actor.module):
-            return self.generate_sequence(prompts, prompt_mask), None
         with gathered_for_generation(self.actor):
             return sample(self.actor.module, prompts, prompt_mask, args.max_answer_seq_len, args.temperature,
                           args.top_p, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                          synced=self.zero3_generation, return_logprobs=True)
+                          synced=self.zero3_generation, return_logprobs=return_logprobs)
+
+    def sample_with_logprobs(self, prompts, prompt_mask):
+        """--rollout_logprobs: (seq, the sampler's log-probs of the answer tokens (B, A)) where the native sampler
+        decodes, else (generate_sequence's seq, None)."""
+        if not self.native_sampling():
+            return self.generate_sequence(prompts, prompt_mask), None
+        return self.sample_natively(prompts, prompt_mask, return_logprobs=True)
 
     def answer_logprobs(self, model, seq, attention_mask, prompt_len, with_entropy=False):
         """log pi(a_t | s_t) of every answer token at the rollout temperature (and the entropy if asked): a group's
