@@ -606,11 +606,12 @@ def _messages(value: Any, where: str, field: str) -> list[dict]:
         raise DataError(f"{where}: field '{field}' must be a non-empty list of messages")
     messages = []
     for index, message in enumerate(value):
-        if isinstance(message, dict) and (message.get("role") in TOOL_ROLES or message.get("tool_calls")):
-            raise Unusable("the conversation holds tool calls or tool results")
-        role = "system" if isinstance(message, dict) and message.get("role") == "developer" else \
-            message.get("role") if isinstance(message, dict) else None
-        content = _content_text(message.get("content")) if isinstance(message, dict) else None
+        role = content = None
+        if isinstance(message, dict):
+            if message.get("role") in TOOL_ROLES or message.get("tool_calls"):
+                raise Unusable("the conversation holds tool calls or tool results")
+            role = "system" if message.get("role") == "developer" else message.get("role")
+            content = _content_text(message.get("content"))
         if not (role in ROLES and isinstance(content, str)):
             raise DataError(f"{where}: field '{field}', message {index}: expected {{\"role\": one of "
                             f"{', '.join(ROLES)}, \"content\": a string or a list of text parts}}")
