@@ -58,7 +58,8 @@ Messages may be OpenAI's: content as a list of text parts, the `developer` role 
 
 A row that the text form cannot hold faithfully is read as unusable, with the reason (`UNUSABLE`), and each step
 skips and counts it: HH dialogues or conversations that differ before their last turn (the answers would carry the
-later turns), two responses judged equal, messages whose text holds a speaker mark (`Human:`, `Assistant:`),
+later turns), two responses judged equal (or scored alike, or the chosen below the rejected, by the row's own
+score columns: `SCORED_PAIRS`), messages whose text holds a speaker mark (`Human:`, `Assistant:`),
 which would read back as turns of their own, conversations with tool calls or results or a part that is not text,
 and ShareGPT dumps' empty chats and chats that start with the assistant (the tail of a split chat).
 An empty answer message is no answer, as an empty HH answer. Anything else is a `DataError` naming the row and
@@ -196,6 +197,15 @@ NAMED_PAIRS = (("chosen_response", "rejected_response"),  # argilla's UltraFeedb
                ("preferred_output", "non_preferred_output"))  # OpenAI's fine-tuning data for DPO
 """Shape 9's (chosen, rejected) columns, where a row has neither `chosen` nor `rejected`."""
 
+SCORED_PAIRS = (("score_chosen", "score_rejected"),  # HuggingFaceH4/ultrafeedback_binarized
+                ("chosen_rating", "rejected_rating"),  # argilla's preference sets (dpo-mix-7k, ...)
+                ("chosen-rating", "rejected-rating"),  # argilla/ultrafeedback-binarized-preferences-cleaned
+                ("chosen_score", "rejected_score"))
+"""A pair's two scores beside its answers (shapes 3 and 9): equal ones are a tie, a chosen answer scored below its
+rejected one a pair its own scores contradict; both unusable."""
+TIE_STATUS = ("status", "tie")
+"""argilla's distilabel-intel-orca-dpo-pairs: `status` "tie" where its judge found the two answers equal."""
+
 
 def unusable_row(reason: str) -> dict[str, str | None]:
     return {"prompt": None, "chosen": None, "rejected": None, UNUSABLE: reason}
@@ -207,6 +217,7 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
     `where` ("<file>: row 3 (line 4)") starts every error."""
     value, named = _named(value)
     try:
+        _judged_alike(value)
         return _read_pair(value, where)
     except Unusable as why:
         return unusable_row(str(why))
@@ -214,6 +225,33 @@ def read_pair(value: dict, where: str) -> dict[str, str | None]:
         if not named:
             raise
         raise relabelled(err, lambda field: f"field '{named[field]}'" if field in named else None) from None
+
+
+def _judged_alike(value: dict) -> None:
+    """Unusable where the row's own quality columns (SCORED_PAIRS, TIE_STATUS) say its answers are no pair: scored
+    alike, the chosen below the rejected, or judged a tie. Scores that are not numbers (null) say nothing."""
+    field, tie = TIE_STATUS
+    if value.get(field) == tie and "chosen" in value:
+        raise Unusable(TIE)
+    for chosen, rejected in SCORED_PAIRS:
+        scores = _score(value.get(chosen)), _score(value.get(rejected))
+        if None in scores:
+            continue
+        if scores[0] == scores[1]:
+            raise Unusable(f"{TIE}: '{chosen}' equals '{rejected}'")
+        if scores[0] < scores[1]:
+            raise Unusable(f"'{chosen}' is below '{rejected}'")
+
+
+def _score(value: Any) -> float | None:
+    """A quality column's number (a CSV file's text of one too); None for anything else (null, NaN, text)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number == number else None
 
 
 def relabelled(err: DataError, label: Callable[[str], str | None]) -> DataError:

@@ -71,6 +71,8 @@ COLUMN_FIELDS = {
                   "labelled answer).",
     "label": "The column holding KTO's label: true for a desirable completion, false for an undesirable one.",
     "messages": "The column holding a whole chat (a list of messages) whose last message is the answer.",
+    "better_response_id": "The column saying which of two responses is the better (PKU-SafeRLHF's layout): "
+                          "--better_response_id_key safer_response_id prefers the safer response.",
 }
 """The fields of the row shapes (utils/data/pair_formats.py) whose column a --<field>_key flag names."""
 

@@ -618,3 +618,40 @@ def test_a_bad_pair_under_other_names_is_an_error_naming_its_own_column():
         read_pair(row, WHERE)
     assert str(err.value) == (f"{WHERE}: field 'preferred_output', message 0: expected {{\"role\": one of system, "
                               "user, assistant, \"content\": a string or a list of text parts}")
+
+
+@pytest.mark.parametrize("row, reason", [
+    # HuggingFaceH4/ultrafeedback_binarized: the two answers' own scores equal
+    ({"prompt": "q", "chosen": [user("q"), assistant("a")], "rejected": [user("q"), assistant("b")],
+      "score_chosen": 7.0, "score_rejected": 7.0}, "'score_chosen' equals 'score_rejected'"),
+    # argilla's cleaned UltraFeedback, a CSV file's text of the ratings: the chosen answer rated below
+    ({"instruction": "q", "chosen_response": "a", "rejected_response": "b", "chosen-rating": "2",
+      "rejected-rating": "4.5"}, "'chosen-rating' is below 'rejected-rating'"),
+    # argilla's distilabel-intel-orca-dpo-pairs: its judge found the two alike
+    ({"input": "q", "chosen": "a", "rejected": "b", "status": "tie"}, "judged equal (a tie)"),
+])
+def test_a_pair_its_own_score_columns_call_a_tie_or_reverse_is_unusable(row, reason):
+    pair = read_pair(row, WHERE)
+    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair[UNUSABLE]
+
+
+@pytest.mark.parametrize("extra", [{"score_chosen": 8, "score_rejected": 3.5},
+                                   {"score_chosen": None, "score_rejected": 3},
+                                   {"chosen_rating": "n/a", "rejected_rating": 2}, {"status": "swapped"}])
+def test_scores_that_agree_or_say_nothing_keep_the_pair(extra):
+    assert read_pair({"prompt": "q", "chosen": " a", "rejected": " b", **extra}, WHERE) == {
+        "prompt": "q", "chosen": " a", "rejected": " b"}
+
+
+def test_a_tie_status_marks_only_a_pair():
+    row = {"prompt": "q", "completion": " a", "label": True, "status": "tie"}
+    assert read_pair(row, WHERE)["chosen"] == " a"
+
+
+def test_pku_rows_may_be_judged_by_safety_by_naming_the_column(tmp_path):
+    path = tmp_path / "pku.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "response_0": "safe", "response_1": "helpful", "better_response_id": 1,
+                                "safer_response_id": 0}) + "\n")
+    assert rd.read_local_split(path).to_list()[0]["chosen"] == " helpful"
+    safer = rd.read_local_split(path, {"better_response_id": "safer_response_id"}).to_list()[0]
+    assert (safer["chosen"], safer["rejected"]) == (" safe", " helpful")
