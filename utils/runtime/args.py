@@ -543,6 +543,10 @@ def check_common_args(args):
         raise ConfigError("--early_stopping_patience needs --eval_interval > 0: the evaluations it counts")
     if not args.output_dir:
         raise ConfigError("--output_dir is required")
+    # absolute, so that the run saves where it was asked to even if a reward function changes directory
+    args.output_dir = str(Path(args.output_dir).absolute())
+    if data_output_path:
+        args.data_output_path = str(Path(data_output_path).absolute())
     args.report_to = resolve_report_to(args.report_to, args.enable_tensorboard)
     check_run_group(args.run_group)
 
