@@ -424,6 +424,32 @@ def check_output_dir(path):
         raise ConfigError(f"--output-dir {path}: cannot write in the folder (permission denied)")
 
 
+HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)$")
+"""A DeepSpeed hostfile's line: a host and its number of accelerators (`worker-1 slots=8`); `#` starts a comment."""
+
+
+def check_hostfile(hostfile):
+    """The hosts DeepSpeed's launcher would read from `hostfile`, refused where it would stop with a traceback."""
+    try:
+        lines = Path(hostfile).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--hostfile {hostfile}: cannot read it ({err})") from None
+    hosts = set()
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = HOSTFILE_LINE.match(line)
+        if not match or int(match.group(2)) < 1:
+            raise ConfigError(f"--hostfile {hostfile}: line {number}: expected 'HOST slots=N' (N at least 1), got "
+                              f"{line!r}")
+        if match.group(1) in hosts:
+            raise ConfigError(f"--hostfile {hostfile}: line {number}: host {match.group(1)} is listed twice")
+        hosts.add(match.group(1))
+    if not hosts:
+        raise ConfigError(f"--hostfile {hostfile}: names no host (a line 'HOST slots=N' for each)")
+
+
 def check_inputs(args, runs, selected):
     """What the stages will need and cannot make themselves, refused before anything is launched or written."""
     from utils.model.model_utils import is_reward_model_folder  # loads transformers: --help answers first
@@ -435,6 +461,7 @@ def check_inputs(args, runs, selected):
         if not Path(hostfile).is_file():
             raise ConfigError(f"--hostfile {hostfile} does not exist (multi_node runs the hosts of a DeepSpeed "
                               "hostfile)")
+        check_hostfile(hostfile)
     for flag, model in (("--actor-model", args.actor_model), ("--reward-model", args.reward_model)):
         if model is not None and Path(model).exists() and not (Path(model) / "config.json").is_file():
             raise ConfigError(f"{flag} {model or repr(model)} is not a model folder (no config.json in it)")

@@ -579,6 +579,12 @@ CASES = [
     Case("train.py multi_node without a hostfile", "train.py",
          ["--deployment-type", "multi_node", "--hostfile", "{tmp}/hostfile", "--output-dir", "{out}"],
          ("--hostfile {tmp}/hostfile does not exist",)),
+    Case("train.py --hostfile with a malformed line", "train.py",
+         ["--deployment-type", "multi_node", "--hostfile", "{tmp}/hostfile.bad", "--output-dir", "{out}"],
+         ("--hostfile {tmp}/hostfile.bad: line 3: expected 'HOST slots=N' (N at least 1), got 'worker-2 slots:4'",)),
+    Case("train.py --hostfile of comments only", "train.py",
+         ["--deployment-type", "multi_node", "--hostfile", "{tmp}/hostfile.empty", "--output-dir", "{out}"],
+         ("--hostfile {tmp}/hostfile.empty: names no host (a line 'HOST slots=N' for each)",)),
     Case("train.py unknown step", "train.py", ["--step", "4", "--output-dir", "{out}"],
          ("argument --step: invalid choice: 4",)),
     Case("train.py --step1-args with an unclosed quote", "train.py",
@@ -595,6 +601,8 @@ CASES = [
 
 def write_bad_data(tmp):
     """The data folders and files the cases name, under `tmp`."""
+    (tmp / "hostfile.bad").write_text("# two workers\nworker-1 slots=4\nworker-2 slots:4\n")
+    (tmp / "hostfile.empty").write_text("# no host yet\n\n")
     kto_row = {"prompt": GOOD_ROW["prompt"], "completion": " 3", "label": True}
     write_jsonl(tmp / "badlabel.jsonl", [kto_row, dict(kto_row, label="yes")] + [kto_row] * 4)
     write_jsonl(tmp / "labelrejected.jsonl", [kto_row, dict(kto_row, rejected=" 4")] + [kto_row] * 4)
