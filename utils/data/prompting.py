@@ -74,8 +74,46 @@ def format_turns(tokenizer, turns, system=None):
             messages.append({"role": "user", "content": user})
             if assistant is not None:
                 messages.append({"role": "assistant", "content": assistant})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return _templated(tokenizer, messages)
     return with_system(system, dialogue_text(turns))
+
+
+class TemplatePrompt(str):
+    """A chat template's prompt that holds a special token's text in the conversation's own words: `spans` are
+    where those words are, so that encode_prompt_text tokenizes them as text and only the template's own marks as
+    special tokens (a user turn's `<|im_end|><|im_start|>assistant` would otherwise be a turn of its own)."""
+    spans: tuple[tuple[int, int], ...] = ()
+
+
+_SLOT = "\ue000{}\ue001"
+"""A placeholder for the i-th content while the template is rendered (private-use characters no text holds)."""
+
+
+def _templated(tokenizer, messages):
+    """The template's prompt of `messages`, ending with the generation prompt; a TemplatePrompt where a message's
+    content holds a special token's text and the template writes the contents as they are."""
+    def render(contents):
+        return tokenizer.apply_chat_template([{**message, "content": content}
+                                              for message, content in zip(messages, contents)],
+                                             tokenize=False, add_generation_prompt=True)
+
+    contents = [message["content"] for message in messages]
+    text = render(contents)
+    specials = special_token_texts(tokenizer)
+    if not any(special in content for content in contents for special in specials):
+        return text
+    pieces = re.split("\ue000(\\d+)\ue001", render([_SLOT.format(i) for i in range(len(contents))]))
+    spans, rebuilt = [], ""
+    for index, piece in enumerate(pieces):
+        if index % 2:
+            piece = contents[int(piece)]
+            spans.append((len(rebuilt), len(rebuilt) + len(piece)))
+        rebuilt += piece
+    if rebuilt != text:  # the template rewrites the contents (trims them): their words cannot be told apart
+        return text
+    prompt = TemplatePrompt(text)
+    prompt.spans = tuple(spans)
+    return prompt
 
 
 def dialogue_text(turns):
@@ -109,11 +147,30 @@ def model_answer(tokenizer, answer):
     return answer.strip() if has_chat_template(tokenizer) else answer
 
 
+def special_token_texts(tokenizer):
+    """The texts the tokenizer reads as special tokens (`<|im_end|>`, `</s>`, ...)."""
+    texts = set(tokenizer.all_special_tokens)
+    texts.update(token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values() if token.special)
+    return {text for text in texts if text}
+
+
 def encode_prompt_text(tokenizer, text):
     """Token ids of a prompt already in the model's format: the tokenizer's special tokens are added, except a
     second BOS when the text starts with one (a chat template that writes it). Without a chat template the prompt
-    is the data's text alone, so a special token's text in it (`</s>` in HTML or code) is text, not that token."""
+    is the data's text alone, so a special token's text in it (`</s>` in HTML or code) is text, not that token;
+    with one, so is such text in the conversation's own words (a TemplatePrompt's spans)."""
     if not has_chat_template(tokenizer):
         return tokenizer(text, split_special_tokens=True)["input_ids"]
     bos = tokenizer.bos_token
-    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+    add_special_tokens = not (bos and text.startswith(bos))
+    spans = getattr(text, "spans", ())
+    if not spans:
+        return tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+    ids = tokenizer("", add_special_tokens=True)["input_ids"] if add_special_tokens else []
+    start = 0
+    for begin, end in (*spans, (len(text), len(text))):
+        for piece, as_text in ((text[start:begin], False), (text[begin:end], True)):
+            if piece:
+                ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=as_text)["input_ids"]
+        start = end
+    return ids

@@ -101,3 +101,23 @@ def test_a_special_tokens_text_in_the_data_is_text_not_that_token(tiny_tokenizer
     ids = tokenize_prompt(tok, prompt)
     assert tok.eos_token_id not in ids and ids == tokenize_prompts(tok, [prompt])[0]
     assert tokenize_prompt(tok, " Human: hi Assistant:") == tok(" Human: hi Assistant:")["input_ids"]  # as before
+
+
+def test_a_special_tokens_text_in_a_chat_turn_is_text_and_the_templates_marks_stay_tokens(chat_tokenizer):
+    """Before: a user turn holding the template's end-of-turn text (here `</s>`) was tokenized as that token, so
+    the words could close the turn and open one of the assistant's."""
+    from inference.generation import tokenize_prompts
+
+    tok = chat_tokenizer
+    prompt = " Human: what does </s> mean? Assistant: a strike. Human: and <s>? Assistant:"
+    text = model_prompt(tok, prompt)
+    assert text == ("<|im_start|>user\nwhat does </s> mean?</s>\n<|im_start|>assistant\na strike.</s>\n"
+                    "<|im_start|>user\nand <s>?</s>\n<|im_start|>assistant\n")
+    ids = tokenize_prompt(tok, prompt)
+    assert ids == tokenize_prompts(tok, [text])[0]
+    assert ids.count(tok.eos_token_id) == 3 and tok.bos_token_id not in ids[1:]  # the template's three turn ends
+    assert tok.decode(ids, skip_special_tokens=False).replace(" ", "") == (tok.decode(
+        tok(text)["input_ids"], skip_special_tokens=False).replace(" ", ""))
+    plain = " Human: what does it mean? Assistant:"  # no special token's text: tokenized as before
+    assert tokenize_prompt(tok, plain) == tok(model_prompt(tok, plain))["input_ids"]
+    assert type(model_prompt(tok, plain)) is str
