@@ -52,6 +52,10 @@ decides which), their columns first renamed to these fields by the --<field>_key
    StackExchange pairs' `response_j` (the better) and `response_k`, OpenAI's fine-tuning form for DPO
    (`preferred_output` and `non_preferred_output` messages, the prompt's in `input.messages`): read as chosen and
    rejected, the prompt as in shapes 3 and 7.
+10. **Rated answers** (HelpSteer's and HelpSteer2's main files; `RATED_ANSWERS`): rows of a `prompt`, one
+   `response` and its rating (`helpfulness`, else `score` or `rating`); the rows answering one prompt are one pair
+   of shape 6 (the best-rated answer chosen, the worst rejected; rated alike, a tie), a prompt answered once a
+   user's turn with one answer (shape 4). The one shape read across rows (`rated_pairs`), before the rest.
 
 Messages may be OpenAI's: content as a list of text parts, the `developer` role as `system`. A KTO `label` may be
 1 or 0, or a CSV file's text of a bool.
@@ -205,6 +209,49 @@ SCORED_PAIRS = (("score_chosen", "score_rejected"),  # HuggingFaceH4/ultrafeedba
 rejected one a pair its own scores contradict; both unusable."""
 TIE_STATUS = ("status", "tie")
 """argilla's distilabel-intel-orca-dpo-pairs: `status` "tie" where its judge found the two answers equal."""
+
+
+RATED_ANSWERS = ("prompt", "response")
+"""Shape 10's rows: a prompt and one answer, rated in one of RATINGS (HelpSteer and HelpSteer2's main files)."""
+RATINGS = ("helpfulness", "score", "rating")
+
+
+def rated_pairs(records: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
+    """Shape 10: rows that answer the same prompt once each, with a rating (the first of RATINGS their columns
+    hold), as one row of shape 6 per prompt (the best-rated answer and the worst, HelpSteer2's preference
+    layout: equal ratings a tie); a prompt answered once, and rows of other shapes, as they are."""
+    fields = set().union(*(value.keys() for value, _ in records)) if records else set()
+    rating = next((name for name in RATINGS if name in fields), None)
+    if rating is None or not set(RATED_ANSWERS) <= fields or fields & {"chosen", "rejected", "completion"}:
+        return records
+    answers: dict[str, list[int]] = {}
+    for index, (value, _) in enumerate(records):
+        if isinstance(value.get("prompt"), str) and isinstance(value.get("response"), str) and \
+                _score(value.get(rating)) is not None:
+            answers.setdefault(value["prompt"], []).append(index)
+    grouped, done = [], set()
+    for index, (value, where) in enumerate(records):
+        if index in done:
+            continue
+        rows = answers.get(value["prompt"], []) if isinstance(value.get("prompt"), str) else []
+        if index not in rows:
+            grouped.append((value, where))
+            continue
+        if len(rows) == 1:  # a user's turn and its answer, as the pairs' prompts and answers are read
+            rest = {key: item for key, item in value.items() if key not in RATED_ANSWERS}
+            grouped.append(({**rest, "prompt": [{"role": "user", "content": value["prompt"]}],
+                             "chosen": [{"role": "assistant", "content": value["response"]}]}, where))
+            continue
+        done.update(rows)
+        ranked = sorted(rows, key=lambda row: _score(records[row][0][rating]))
+        best, worst = records[ranked[-1]][0], records[ranked[0]][0]
+        shared = {key: item for key, item in value.items()  # the columns every answer's row agrees on
+                  if all(records[row][0].get(key) == item for row in rows) and key not in RATED_ANSWERS}
+        grouped.append(({**shared, "prompt": value["prompt"], "response_1": best["response"],
+                         "response_2": worst["response"],
+                         "preference_strength": _score(worst[rating]) - _score(best[rating])},
+                        f"{where} and the {len(rows) - 1} other answer(s) to its prompt"))
+    return grouped
 
 
 def unusable_row(reason: str) -> dict[str, str | None]:

@@ -72,7 +72,7 @@ import datasets
 import numpy as np
 
 from utils.data import builtin_task as task
-from utils.data.pair_formats import UNUSABLE, read_pair, relabelled
+from utils.data.pair_formats import UNUSABLE, rated_pairs, read_pair, relabelled
 from utils.data.prompting import text_prompt
 from utils.data.text_files import (GZIP_SUFFIX, UNREADABLE, check_text, data_suffix, open_bytes, read_lines, read_text,
                                    regular_file)
@@ -269,7 +269,7 @@ def read_rows(records: list[tuple[dict, str]], what: str, present: set[str],
             raise DataError(f"{what}: no column '{column}' (named by {column_flag(field)}); its columns: "
                             f"{', '.join(sorted(present))}")
     rows, fields = [], {"prompt", "chosen", "rejected", UNUSABLE, ROW_COLUMNS, *columns.values()}
-    for value, where in records:
+    for value, where in rated_pairs(records):
         _check_strings(value, f"{what}: {where}")
         row = _read_renamed(value, f"{what}: {where}", columns)
         other = {key: item for key, item in value.items() if key not in fields}

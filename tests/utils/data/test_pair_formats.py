@@ -655,3 +655,23 @@ def test_pku_rows_may_be_judged_by_safety_by_naming_the_column(tmp_path):
     assert rd.read_local_split(path).to_list()[0]["chosen"] == " helpful"
     safer = rd.read_local_split(path, {"better_response_id": "safer_response_id"}).to_list()[0]
     assert (safer["chosen"], safer["rejected"]) == (" safe", " helpful")
+
+
+def test_rated_answers_to_one_prompt_are_a_pair_of_the_best_and_the_worst(tmp_path):
+    """HelpSteer2's main files: one answer per row, rated; before, every answer (the worst too) was a chosen answer
+    for step 1 and step 2 found no pair."""
+    rows = [{"prompt": "Name a prime.", "response": "Four.", "helpfulness": 0, "correctness": 0},
+            {"prompt": "Name a prime.", "response": "Seven.", "helpfulness": 4, "correctness": 4},
+            {"prompt": "Say hi.", "response": "Hi!", "helpfulness": 3, "correctness": 4},
+            {"prompt": "Say hi.", "response": "Hello!", "helpfulness": 3, "correctness": 3},
+            {"prompt": "Add 2 and 2.", "response": "5", "helpfulness": 1, "correctness": 1},
+            {"prompt": "Name a prime.", "response": "Nine.", "helpfulness": 1, "correctness": 0}]
+    path = tmp_path / "helpsteer2.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    read = rd.read_local_split(path).to_list()
+    assert [(row["prompt"], row["chosen"], row["rejected"]) for row in read] == [
+        (" Human: Name a prime. Assistant:", " Seven.", " Four."),
+        (None, None, None),  # "Say hi.": rated alike, a tie
+        (" Human: Add 2 and 2. Assistant:", " 5", None)]  # answered once: a prompt with one answer
+    assert "judged equal (a tie)" in read[1][UNUSABLE]
+    assert not {"helpfulness", "correctness"} & set(json.loads(read[0][rd.ROW_COLUMNS]))  # the answers' own
