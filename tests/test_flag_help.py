@@ -101,3 +101,13 @@ def test_each_flag_name_is_declared_once():
         "--seed",  # train.py's own (every stage's seed) beside the steps' and tools'
         "--tools",  # train.py's own (step 3's and the closing evaluation's) beside utils/runtime/args.py's group
     }
+
+
+@pytest.mark.parametrize("module_name", [name for name in REQUIRED if name.endswith((".main", ".arguments"))])
+def test_a_relative_output_dir_is_made_absolute_where_the_step_starts(module_name, tmp_path, monkeypatch):
+    """A reward function (or a tool) that changes the working directory must not move where the step saves."""
+    monkeypatch.chdir(tmp_path)
+    critic = ["--critic_model_name_or_path", "tiny"] if module_name.endswith(".arguments") else []
+    args = importlib.import_module(module_name).parse_args([*REQUIRED[module_name], *critic, "--output_dir",
+                                                            "out/run"])
+    assert args.output_dir == str(tmp_path / "out" / "run")
