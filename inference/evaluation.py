@@ -139,6 +139,20 @@ def gym_validation_prompts(data_paths):
     return [item.prompt for path in data_paths for item in gym_data(path).parts["eval"]]
 
 
+def validation_set(data_paths, seed=1234):
+    """(prompts, checker) of questions with a checker of their own that no step trains on and the closing
+    evaluation never reads: a reasoning-gym spec's eval part (gym_validation_prompts), the built-in task's eval
+    split; None for other data (no checker) or several data paths that are not all reasoning-gym specs."""
+    data_paths = [data_paths] if isinstance(data_paths, str) else list(data_paths or ["builtin"])
+    prompts = gym_validation_prompts(data_paths)
+    if prompts is None and data_paths == ["builtin"]:
+        raw = get_raw_dataset("builtin", seed)
+        prompts = [prompt for prompt in map(raw.get_prompt, raw.get_eval_data()) if prompt]
+    if not prompts:
+        return None
+    return prompts, heldout_set(data_paths)[1]
+
+
 def read_prompts_file(path):
     """Prompts from a file: JSON lines with a string field `prompt` (other fields ignored), or plain text with
     one prompt per line. Each prompt is used verbatim (write it formatted, e.g. " Human: ... Assistant:");

@@ -46,6 +46,14 @@ def test_a_new_best_resets_the_count():
     assert rule.reason(4) is None and rule.bad_evaluations == 1
 
 
+def test_a_score_improves_upward():
+    rule = StopRule(patience=2, metric="score")
+    for step, score in ((2, 0.2), (4, 0.5), (6, 0.5), (8, 0.4)):
+        rule.observe(step, {"loss": 1.0 / step, "score": score})
+    assert rule.reason(8) == ("stopped at step 8: the eval score has not improved for 2 evaluations (best 0.5000 at "
+                              "step 4; --early_stopping_patience 2)")
+
+
 def test_the_time_budget_counts_the_minutes_of_a_resumed_run(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(stopping.time, "monotonic", lambda: clock[0])
@@ -143,6 +151,38 @@ def test_step1_stops_when_its_eval_loss_is_flat(tmp_path):
     assert metrics["optimizer_steps"] == 6 and metrics["total_steps"] == 40
     assert metrics["stopped"]["step"] == 6
     assert (out / "model.safetensors").is_file()
+
+
+def test_a_score_to_stop_on_needs_patience_and_data_with_a_checker(tmp_path):
+    from training.step1_supervised_finetuning.main import parse_args, validation
+
+    with pytest.raises(ConfigError, match="^--early_stopping_metric score needs --early_stopping_patience > 0"):
+        parse_args(["--output_dir", "x", "--early_stopping_metric", "score", "--eval_interval", "2"])
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": " Human: hi Assistant:", "chosen": " hello", "rejected": " go"}) + "\n")
+    args = parse_args(["--output_dir", "x", "--early_stopping_metric", "score", "--eval_interval", "2",
+                       "--early_stopping_patience", "2", "--data_path", str(pairs)])
+    with pytest.raises(ConfigError, match=f"^--early_stopping_metric score needs data with a checker .* "
+                                          f"--data_path {pairs} has none"):
+        validation(args)
+    assert parse_args(["--output_dir", "x"]).max_new_tokens is None  # the loss: no answers to measure
+
+
+def test_step1_stops_when_its_checker_score_on_unseen_questions_is_flat(tmp_path):
+    """--early_stopping_metric score: greedy answers to --eval_prompts questions of the built-in task's eval split,
+    scored by its checker at each evaluation; at a learning rate of 1e-30 the score never improves."""
+    from inference.evaluation import heldout_set, validation_set
+
+    questions, _ = validation_set(["builtin"])
+    assert questions and not set(questions) & set(heldout_set(["builtin"])[0])  # never the closing evaluation's
+    out = tmp_path / "out"
+    log = run([sys.executable, str(STEP1), *STEP1_FLAGS, "--learning_rate", "1e-30", "--eval_interval", "2",
+               "--eval_iters", "1", "--early_stopping_patience", "2", "--early_stopping_metric", "score",
+               "--eval_prompts", "16", "--output_dir", str(out), "--data_output_path", str(tmp_path / "data")])
+    assert "stopped at step 6: the eval score has not improved for 2 evaluations" in log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0 <= metrics["score_before"] <= 1 and metrics["score_after"] == metrics["score_before"]
+    assert metrics["optimizer_steps"] == 6
 
 
 def test_step1_time_budget_stops_and_a_resumed_run_trains_no_further(tmp_path):

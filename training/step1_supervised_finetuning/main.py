@@ -17,25 +17,78 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import torch
 
+from inference.evaluation import evaluate_models, validation_set
 from utils.data.data_utils import DataCollatorSFT
 from utils.data.packing import DataCollatorPackedSFT, check_keeps_samples_apart
 from utils.model.model_utils import causal_lm_loss, create_hf_model, resolve_model_path
-from utils.runtime.args import ArgumentParser, add_step_args, parse_step_args
+from utils.runtime.args import AUTO, ArgumentParser, add_eval_prompts_arg, add_step_args, parse_step_args
 from utils.runtime.dist import to_device
-from utils.runtime.errors import cli_entry
+from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.progress import eval_batches
 from utils.trainer.engine import start_run, train_ds_config_from_args
 from utils.trainer.loop import LoopState, make_loaders, save_run, step_data, step_engine
 
 
+STOPPING_METRICS = {
+    "loss": "the eval loss (the default)",
+    "score": "the data's checker (the built-in task's, a reasoning-gym verifier) on greedy answers to the first "
+             "--eval_prompts questions no step trains on and the closing evaluation never reads (a reasoning-gym "
+             "spec's eval part, the built-in task's eval split), taken at each evaluation: the skill, not the loss",
+}
+"""What --early_stopping_patience may watch in step 1."""
+
+
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    add_step_args(parser, eval_interval=True, packing=True)
+    groups = add_step_args(parser, eval_interval=True, packing=True)
     parser.add_argument("--train_every_turn", action="store_true",
                         help="A multi-turn conversation trains each of its assistant turns, each a sample with the "
                              "turns before it as its prompt (TRL's assistant-only loss, OpenRLHF's --multiturn); "
                              "default: its last answer, the earlier ones context, as DeepSpeed-Chat.")
-    return parse_step_args(parser, argv)
+    logging = groups["logging"]
+    logging.add_argument("--early_stopping_metric", choices=list(STOPPING_METRICS), default="loss",
+                         help="What --early_stopping_patience watches: "
+                              + "; ".join(f"{name}: {what}" for name, what in STOPPING_METRICS.items()) + ".")
+    add_eval_prompts_arg(logging, 64, "With --early_stopping_metric score: the questions each evaluation answers "
+                                      "(greedily, up to twice the 95th percentile of the reference answers' lengths).")
+    return parse_step_args(parser, argv, check=check_args)
+
+
+def check_args(args):
+    if args.early_stopping_metric == "score" and not args.early_stopping_patience:
+        raise ConfigError("--early_stopping_metric score needs --early_stopping_patience > 0: the evaluations it "
+                          "counts")
+    # the score's answer length, the data's (utils.data.data_utils.fit_auto_lengths); no answers, nothing to measure
+    args.max_new_tokens = AUTO if args.early_stopping_metric == "score" else None
+
+
+def validation(args):
+    """(prompts, checker) --early_stopping_metric score answers and scores; None for the eval loss."""
+    if args.early_stopping_metric != "score":
+        return None
+    found = validation_set(args.data_path, args.seed)
+    if found is None:
+        raise ConfigError(f"--early_stopping_metric score needs data with a checker and questions no step trains "
+                          f"on (builtin, one or more reasoning_gym: specs); --data_path {' '.join(args.data_path)} "
+                          "has none")
+    prompts, checker = found
+    return prompts[:args.eval_prompts], checker
+
+
+def evaluate(engine, tokenizer, eval_loader, device, args, questions):
+    """evaluate_perplexity's figures, and with `questions` (prompts, checker) "score": the checker's mean on greedy
+    answers to them (every rank answers all of them: ZeRO-3 gathers weights collectively; random states are left
+    as they were)."""
+    scores = evaluate_perplexity(engine, eval_loader, device, args.eval_iters)
+    if questions is not None:
+        prompts, checker = questions
+        engine.eval()
+        with torch.random.fork_rng(devices=[]):
+            result = evaluate_models({"actor": (engine.module, tokenizer)}, prompts, greedy_only=True,
+                                     max_new_tokens=args.max_new_tokens, seed=args.seed, checker=checker)
+        engine.train()
+        scores["score"] = result["actor"]["greedy"]["all"]
+    return scores
 
 
 def evaluate_perplexity(engine, eval_loader, device, eval_iters=0):
@@ -65,6 +118,7 @@ def main(argv=None):
 
     # Data
     model_path = resolve_model_path(args.model_name_or_path)
+    questions = validation(args)
     tokenizer, train_dataset, eval_dataset = step_data(args, 1, {"--model_name_or_path": model_path})
     collator = (DataCollatorPackedSFT(tokenizer.pad_token_id, args.max_seq_len) if args.packing
                 else DataCollatorSFT(tokenizer.pad_token_id))
@@ -81,11 +135,11 @@ def main(argv=None):
     if args.packing:
         check_keeps_samples_apart(engine.module)
 
-    # Loop (resumed from the latest checkpoint with --resume): perplexity before training, every --eval_interval
-    # steps and at the end; without --eval_interval after each epoch instead
+    # Loop (resumed from the latest checkpoint with --resume): perplexity (and the score) before training, every
+    # --eval_interval steps and at the end; without --eval_interval after each epoch instead
     state = LoopState(args, engine, train_loader, world_size, step=1, run_name="step1_sft")
     metrics = state.train(engine, args, total_steps, device,
-                          evaluate=lambda: evaluate_perplexity(engine, eval_loader, device, args.eval_iters),
+                          evaluate=lambda: evaluate(engine, tokenizer, eval_loader, device, args, questions),
                           loss_and_stats=lambda batch: (causal_lm_loss(engine, batch), {}), eval_each_epoch=True)
 
     # Save

@@ -5,7 +5,7 @@ from utils.rl.estimators import ESTIMATORS, uses_critic
 from utils.rl.kl import KL_ESTIMATORS
 from utils.rl.losses import LOSS_AGG_MODES
 from utils.rl.policy_losses import POLICY_LOSSES
-from utils.runtime.args import (ZERO_STAGES, ArgumentParser, add_checkpoint_args, add_data_args,
+from utils.runtime.args import (ZERO_STAGES, ArgumentParser, add_checkpoint_args, add_data_args, add_eval_prompts_arg,
                                 add_deepspeed_args, add_logging_args, add_num_padding_at_beginning_arg,
                                 add_offload_reference_model_arg, add_only_optimize_lora_arg, add_reward_fn_arg,
                                 add_sampling_args, add_schedule_args, add_tool_args, add_trust_remote_code_arg,
@@ -265,7 +265,7 @@ def add_critic_free_args(parser):
         help="Every N steps (and before the first and after the last) score the actor on held-out prompts, "
              "sampled and greedy: the built-in task's or a reasoning-gym spec's with its checker, else the data's "
              "eval split (0: never).")
-    add("--eval_prompts", type=int, default=100, help="How many held-out prompts --eval_interval scores.")
+    add_eval_prompts_arg(group, 100, "How many held-out prompts --eval_interval scores.")
     add("--load_best_model_at_end", action="store_true",
         help="With --eval_interval: score the data's eval split (validation prompts, never trained on; for a "
              "reasoning-gym spec or the built-in task apart from the held-out questions the closing evaluation "

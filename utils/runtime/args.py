@@ -409,6 +409,12 @@ def add_eval_interval_args(group):
     return group
 
 
+def add_eval_prompts_arg(group, default, help):
+    """--eval_prompts: how many questions a mid-run evaluation answers (step 3's held-out scores, step 1's
+    --early_stopping_metric score)."""
+    group.add_argument("--eval_prompts", type=int, default=default, help=help)
+
+
 def add_checkpoint_args(parser):
     group = parser.add_argument_group("checkpoints")
     group.add_argument("--save_steps", type=int, default=0,

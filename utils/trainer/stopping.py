@@ -1,6 +1,7 @@
-"""When a step stops before its step budget: --early_stopping_patience N (its eval loss has not improved for N
-evaluations in a row, as transformers' EarlyStoppingCallback), --max_train_minutes M (a time budget on its
-training loop, so that a recipe's step counts adapt to the task and to the machine) and, in step 3 with dynamic
+"""When a step stops before its step budget: --early_stopping_patience N (its eval loss, or step 1's checker score
+with --early_stopping_metric score, has not improved for N evaluations in a row, as transformers'
+EarlyStoppingCallback), --max_train_minutes M (a time budget on its training loop, so that a recipe's step counts
+adapt to the task and to the machine) and, in step 3 with dynamic
 sampling, --stop_after_idle_rounds R (R rounds in a row found no group whose answers' scores differ: the policy
 answers every prompt alike, right or wrong, and a group-relative estimator has nothing left to train on) and
 --deadline T (step 3: a wall-clock time, train.py's --time-budget, by which the step and what runs after it must
@@ -13,6 +14,10 @@ import time
 import torch
 
 from utils.runtime.dist import all_reduce_sum, print_rank_0
+
+
+HIGHER_IS_BETTER = ("score",)
+"""The evaluation figures early stopping watches that improve upward (the eval loss improves downward)."""
 
 
 class StopRule:
@@ -38,7 +43,7 @@ class StopRule:
         if not self.patience or self.metric not in scores:
             return
         value = scores[self.metric]
-        if self.best is None or value < self.best:
+        if self.best is None or (value > self.best if self.metric in HIGHER_IS_BETTER else value < self.best):
             self.best, self.best_step, self.bad_evaluations = value, step, 0
         else:
             self.bad_evaluations += 1
@@ -88,7 +93,8 @@ class StopRule:
 def stop_rule_from_args(args, device, state=None):
     """The rule of a step's flags (a step without --early_stopping_patience has only the time budget; only step 3
     has --stop_after_idle_rounds and --deadline)."""
-    return StopRule(getattr(args, "early_stopping_patience", 0), args.max_train_minutes, state=state, device=device,
+    return StopRule(getattr(args, "early_stopping_patience", 0), args.max_train_minutes,
+                    metric=getattr(args, "early_stopping_metric", "loss"), state=state, device=device,
                     idle_rounds=getattr(args, "stop_after_idle_rounds", 0), deadline=getattr(args, "deadline", 0.0))
 
 
