@@ -703,3 +703,31 @@ def test_full_batch_sampler_repeats_the_first_indices_up_to_whole_batches(size, 
     first = list(loader)
     generator.set_state(state)
     assert list(loader) == first
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("unsup.txt", b"ok\n\xa6\xff\n", "not UTF-8 text (line 2, byte 3)"),
+    ("unsup.jsonl", b'{"text": 5}\n', "line 1: expected a JSON object with a string field 'text'"),
+    ("unsup.jsonl", b'{"text": "abc"}\n{"text": "ab\\ud800cd"}\n',
+     "line 2: field 'text' is not valid Unicode text: a lone surrogate"),
+    ("unsup.jsonl", b'{"text": "abc"\n', "line 1: malformed JSON"),
+])
+def test_a_bad_unsupervised_file_is_one_error_naming_the_file_and_line(tmp_path, tiny_tokenizer, name, content,
+                                                                       message):
+    from utils.data.data_utils import create_unsupervised_dataset
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DataError) as err:
+        create_unsupervised_dataset(str(path), None, tiny_tokenizer, 4, 1234)
+    assert str(err.value).startswith(f"--unsupervised_dataset_name {path}: {message}")
+
+
+def test_an_unsupervised_file_with_a_bom_reads_and_its_special_token_text_is_text(tmp_path, tiny_tokenizer):
+    from utils.data.data_utils import create_unsupervised_dataset
+
+    path = tmp_path / "unsup.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "old</s>new ' + b"word " * 20 + b'"}\n')
+    blocks = create_unsupervised_dataset(str(path), None, tiny_tokenizer, 8, 1234)
+    ids = [token for block in blocks for token in block["input_ids"]]
+    assert ids and tiny_tokenizer.eos_token_id not in ids[:-1]  # the document's one EOS ends it, if kept
