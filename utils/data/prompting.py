@@ -9,6 +9,8 @@ text form as it is.
 """
 import re
 
+from utils.runtime.errors import ConfigError
+
 _SPEAKER = re.compile(r"(?:^|\s)(Human|Assistant):")
 
 
@@ -91,14 +93,26 @@ _SLOT = "\ue000{}\ue001"
 
 def _templated(tokenizer, messages):
     """The template's prompt of `messages`, ending with the generation prompt; a TemplatePrompt where a message's
-    content holds a special token's text and the template writes the contents as they are."""
+    content holds a special token's text and the template writes the contents as they are. Where the template
+    refuses a system message (Gemma's and Mistral's raise on one), the system prompt opens the first user turn
+    instead; a template that fails even so is a ConfigError naming the model."""
     def render(contents):
         return tokenizer.apply_chat_template([{**message, "content": content}
                                               for message, content in zip(messages, contents)],
                                              tokenize=False, add_generation_prompt=True)
 
+    try:
+        text = render([message["content"] for message in messages])
+    except Exception as err:  # jinja2's TemplateError, a template's raise_exception: whatever the template raises
+        if messages[0]["role"] != "system" or len(messages) < 2:
+            raise _template_error(tokenizer, messages, err) from None
+        messages = [{"role": "user", "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"},
+                    *messages[2:]]
+        try:
+            text = render([message["content"] for message in messages])
+        except Exception as again:
+            raise _template_error(tokenizer, messages, again) from None
     contents = [message["content"] for message in messages]
-    text = render(contents)
     specials = special_token_texts(tokenizer)
     if not any(special in content for content in contents for special in specials):
         return text
@@ -114,6 +128,11 @@ def _templated(tokenizer, messages):
     prompt = TemplatePrompt(text)
     prompt.spans = tuple(spans)
     return prompt
+
+
+def _template_error(tokenizer, messages, err):
+    return ConfigError(f"{tokenizer.name_or_path}: its chat template fails on a conversation of {len(messages)} "
+                       f"message(s) ({type(err).__name__}: {err})")
 
 
 def dialogue_text(turns):

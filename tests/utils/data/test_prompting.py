@@ -121,3 +121,24 @@ def test_a_special_tokens_text_in_a_chat_turn_is_text_and_the_templates_marks_st
     plain = " Human: what does it mean? Assistant:"  # no special token's text: tokenized as before
     assert tokenize_prompt(tok, plain) == tok(model_prompt(tok, plain))["input_ids"]
     assert type(model_prompt(tok, plain)) is str
+
+
+def test_a_template_that_refuses_a_system_message_gets_it_in_the_first_user_turn(chat_tokenizer):
+    """Gemma's and Mistral's templates raise on a system message: the system prompt then opens the first turn."""
+    tok = chat_tokenizer
+    tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                         "{% endif %}" + CHATML)
+    assert model_prompt(tok, "Be brief.\n\n Human: 2+2? Assistant:") == (
+        "<|im_start|>user\nBe brief.\n\n2+2?</s>\n<|im_start|>assistant\n")
+
+
+def test_a_template_that_fails_is_one_error_naming_the_model(chat_tokenizer):
+    from utils.runtime.errors import ConfigError
+
+    chat_tokenizer.chat_template = "{{ raise_exception('boom') }}"
+    with pytest.raises(ConfigError, match=r"its chat template fails on a conversation of 1 message\(s\) "
+                                          r"\(TemplateError: boom\)"):
+        tokenize_prompt(chat_tokenizer, " Human: hi Assistant:")
+    chat_tokenizer.chat_template = "{{ messages[0]['content'] | no_such_filter }}"
+    with pytest.raises(ConfigError, match="its chat template fails"):
+        model_prompt(chat_tokenizer, " Human: hi Assistant:")
