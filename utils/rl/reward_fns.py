@@ -113,7 +113,8 @@ def _import_function(spec, flag="--reward_fn"):
     if location.endswith(".py"):
         path = Path(location)
         if not path.is_file():
-            raise ConfigError(f"{flag} {spec}: the file {location} does not exist")
+            what = "is a folder, not a Python file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"{flag} {spec}: the file {location} {what}")
 
         def load():
             module_spec = importlib.util.spec_from_file_location(path.stem, path)

@@ -62,11 +62,13 @@ def test_function_from_a_module_on_the_working_directory_and_from_a_file(tmp_pat
     ("math:no_such_function", "--reward_fn math:no_such_function: math has no function 'no_such_function'"),
     ("math:pi", "math has no function 'pi'"),  # not callable
     ("missing.py:f", "--reward_fn missing.py:f: the file missing.py does not exist"),
+    ("folder.py:f", "--reward_fn folder.py:f: the file folder.py is a folder, not a Python file"),
     ("broken.py:f", "--reward_fn broken.py:f: cannot import broken.py: ZeroDivisionError: division by zero"),
     ("mod:", "is neither a known name"),
 ])
 def test_a_reward_fn_that_cannot_be_loaded_is_one_config_error(spec, message, tmp_path, monkeypatch):
     (tmp_path / "broken.py").write_text("1 / 0\n")
+    (tmp_path / "folder.py").mkdir()
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as error:
         load_reward_fn(spec)
