@@ -182,7 +182,7 @@ def merge_user_ds_config(config, deepspeed_config_path, batch_flag="--per_device
         raise ValueError(f"{constant} is not a number (a value it cannot mean)")
 
     try:
-        with open(deepspeed_config_path) as f:
+        with open(deepspeed_config_path, encoding="utf-8-sig") as f:  # a BOM, as Windows editors write
             user = json.load(f, parse_constant=not_a_number)
     except (OSError, ValueError) as err:
         raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: {err}") from None

@@ -221,6 +221,12 @@ def test_merge_user_config_overlays_nested_keys(tmp_path):
     assert merge_user_ds_config(config, "") == original
 
 
+def test_a_user_config_with_a_byte_order_mark_reads(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"gradient_clipping": 0.5}).encode())
+    assert merge_user_ds_config(base_config(), str(path))["gradient_clipping"] == 0.5
+
+
 @pytest.mark.parametrize("content", [None, "{not json", "", "[1, 2]", "3"])
 def test_merge_user_config_bad_file(tmp_path, content):
     path = tmp_path / "ds.json"
