@@ -36,8 +36,8 @@ from pathlib import Path
 import psutil
 
 from training.pipeline import (ALGORITHMS, STAGES, check_data_split, check_round_flags, check_step_flags,
-                               checker_defaults, closing_answers, evaluation_command, has_step3, plan, run_inputs,
-                               step_command, train_recipe)
+                               checker_defaults, closing_answers, evaluation_command, evaluation_prompts,
+                               fit_evaluation, has_step3, plan, run_inputs, step_command, train_recipe)
 from utils.data.data_utils import check_columns_apply, parse_data_split
 from utils.runtime.args import add_column_args, column_keys, registry_help
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
@@ -516,7 +516,12 @@ def main(argv=None):
             print(shlex.join(command))
         return 0
     evaluation_path = Path(args.output_dir) / "evaluation.json"
+    eval_note = None
+    if command and args.deadline:
+        command, eval_note = fit_closing_evaluation(args, runs, command)
     if command:
+        if eval_note:
+            print(f"WARNING: the closing evaluation answers {eval_note}", flush=True)
         print("---- evaluation: " + shlex.join(command), flush=True)
         interrupt_hint("the closing evaluation stopped, every step having finished (its command: the "
                        "'---- evaluation:' line above)")
@@ -526,11 +531,22 @@ def main(argv=None):
         wall_times["evaluation"] = time.time() - start
     interrupt_hint(f"writing the report stopped, every step{' and the evaluation' if command else ''} having "
                    "finished")
-    write_report(args, runs, wall_times, command, evaluation_path if command else None)
+    write_report(args, runs, wall_times, command, evaluation_path if command else None, eval_note)
     return 0
 
 
-def write_report(args, runs, wall_times, eval_command, evaluation_path):
+def fit_closing_evaluation(args, runs, command):
+    """fit_evaluation's (command, note) for the time step 3 left of --time-budget, at its decoding rates."""
+    step3 = next((run for run in runs if run.spec.step == 3), None)
+    metrics = step3.output / "metrics.json" if step3 is not None else None
+    if metrics is None or not metrics.is_file():
+        return command, None
+    decoding_s = json.loads(metrics.read_text()).get("decoding_s") or {}
+    return fit_evaluation(command, evaluation_prompts(args, command), decoding_s, args.deadline - time.time(),
+                          tools=bool(args.tools))
+
+
+def write_report(args, runs, wall_times, eval_command, evaluation_path, eval_note=None):
     """Print the run's table and keep it as <output-dir>/report.md, its pictures beside it; add the evaluation's
     table to the model card of the actor it evaluated (eval_command's --model_name_or_path_finetune)."""
     from utils.model.card import add_evaluation  # loads transformers: --help and flag errors answer first
@@ -541,7 +557,7 @@ def write_report(args, runs, wall_times, eval_command, evaluation_path):
         evaluation = json.loads(evaluation_path.read_text())
     command = shlex.join(["python", "train.py", *(sys.argv[1:])])
     report = pipeline_report({run.name: run.output for run in runs}, wall_times, evaluation, command,
-                             figures_dir=args.output_dir)
+                             figures_dir=args.output_dir, eval_note=eval_note)
     (Path(args.output_dir) / "report.md").write_text(report)
     print(f"---- report ({Path(args.output_dir) / 'report.md'})\n{report}", flush=True)
     table = skill_table(evaluation) if evaluation else ""  # "" for a reward model's scores alone: report rows

@@ -3,6 +3,7 @@ each starts from (named flags), the flags every stage gets from the pipeline, th
 with a checker, the closing evaluation's models, the run scripts and launch.sh, and train.py's answers to an
 unusable --output-dir. Commands are built in process, or printed by `train.py --dry-run` (no launcher runs);
 tests/training/step1_supervised_finetuning/test_step1.py runs the real thing."""
+import json
 import os
 import pathlib
 import shlex
@@ -16,8 +17,8 @@ import pytest
 
 import train
 from tests.files import write_jsonl
-from training.pipeline import (ALGORITHMS, STAGES, Algorithm, check_round_flags, closing_answers, evaluation_command,
-                               plan, step_command)
+from training.pipeline import (ALGORITHMS, MIN_EVAL_PROMPTS, STAGES, Algorithm, check_round_flags, closing_answers,
+                               evaluation_command, fit_evaluation, plan, step_command)
 from utils.rl.estimators import CRITIC_FREE
 from utils.runtime.errors import ConfigError, DataError
 
@@ -691,6 +692,43 @@ def test_smollm2_on_reasoning_gym_data_takes_its_data_recipe_in_every_stage_and_
     assert flag(evaluation, "--max_new_tokens") == "auto" and flag(evaluation, "--data_path") == spec
     plain, _ = commands("--actor-model", "smollm2-135m")  # the built-in task: the model's recipe alone
     assert flag(plain["sft"], "--max_seq_len") == "64"
+
+
+def test_the_closing_evaluation_is_cut_to_the_prompts_the_time_left_holds():
+    """100 prompts x (4 sampled at 1 s + 1 greedy at 2 s) x 2 models take 1,200 s after a 60 s setup: 660 s left hold
+    50 of them; all of them fit in 1,300 s; never fewer than MIN_EVAL_PROMPTS; unknown rates change nothing."""
+    command = ["python", "prompt_eval.py", "--samples_per_prompt", "4", "--num_prompts", "100"]
+    rates = {"setup": 60.0, "sampled": 1.0, "greedy": 2.0}
+    cut, note = fit_evaluation(command, 100, rates, 660.0)
+    assert cut[-2:] == ["--num_prompts", "50"] and cut[:-2] == command
+    assert note == ("50 of 100 held-out prompts: the 11.0 minutes --time-budget left hold 50 at step 3's decoding "
+                    "rates (--time-budget 0 answers them all)")
+    assert fit_evaluation(command, 100, rates, 1300.0) == (command, None)
+    assert fit_evaluation(command, 100, rates, 30.0)[0][-1] == str(MIN_EVAL_PROMPTS)
+    assert fit_evaluation(command, 100, rates, -5.0)[1] == (f"{MIN_EVAL_PROMPTS} of 100 held-out prompts: "
+                                                            f"--time-budget is spent, and {MIN_EVAL_PROMPTS} the fewest "
+                                                            "it answers (--time-budget 0 answers them all)")
+    assert fit_evaluation(command, 100, {}, 30.0) == (command, None)
+    assert fit_evaluation(command, 100, rates, 660.0, tools=True)[0][-1] == "25"  # with and without the tool
+
+
+def test_train_py_sizes_its_evaluation_by_step_3s_rates_and_the_report_says_so(tmp_path):
+    from utils.trainer.report import pipeline_report
+
+    args = train.parse_args(["--output-dir", str(tmp_path), "--algorithm", "grpo", "--reward-fn", "builtin",
+                             "--time-budget", "20"])
+    runs = plan(args)
+    command = evaluation_command(args, runs)
+    assert train.fit_closing_evaluation(args, runs, command) == (command, None)  # no step-3 metrics yet
+    step3 = next(run for run in runs if run.spec.step == 3)
+    step3.output.mkdir(parents=True)
+    (step3.output / "metrics.json").write_text(json.dumps({"decoding_s": {"setup": 10.0, "sampled": 0.5,
+                                                                          "greedy": 0.5}}))
+    args.deadline = time.time() + 10 + 2 * 5 * 0.5 * 30 + 2  # setup and 30 prompts' answers, with 2 s to spare
+    cut, note = train.fit_closing_evaluation(args, runs, command)
+    assert cut[-2:] == ["--num_prompts", "30"] and note.startswith("30 of 400 held-out prompts: the ")
+    report = pipeline_report({}, {}, eval_note=note)
+    assert f"| eval | held-out prompts answered, cut to the time budget | {note} |" in report
 
 
 def test_the_time_budget_gives_step_3_a_deadline_and_the_closing_evaluations_answers(capsys):

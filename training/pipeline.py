@@ -201,17 +201,49 @@ def closing_answers(args, runs):
     if not command:
         return 0, 0
 
-    def last(flag):
-        values = [command[i + 1] for i, item in enumerate(command[:-1]) if item == flag]
-        return int(values[-1]) if values else None
+    prompts = evaluation_prompts(args, command)
+    greedy = prompts * 2 * (2 if args.tools else 1)
+    return greedy * (_last_int(command, "--samples_per_prompt") + 1), greedy
 
-    prompts = last("--num_prompts")
+
+def _last_int(command, flag):
+    """The last value of `flag` in `command` (the one that wins), None where it is not given."""
+    values = [command[i + 1] for i, item in enumerate(command[:-1]) if item == flag]
+    return int(values[-1]) if values else None
+
+
+def evaluation_prompts(args, command):
+    """The held-out prompts the closing evaluation `command` answers: its --num_prompts, else the whole set."""
+    prompts = _last_int(command, "--num_prompts")
     if prompts is None:
         from inference.evaluation import heldout_set  # loads transformers: --help and flag errors answer first
 
         prompts = len(heldout_set(args.data_path or ["builtin"], columns=column_keys(args))[0])
-    greedy = prompts * 2 * (2 if args.tools else 1)
-    return greedy * (last("--samples_per_prompt") + 1), greedy
+    return prompts
+
+
+MIN_EVAL_PROMPTS = 20
+"""The fewest held-out prompts a closing evaluation cut to fit the time budget answers (fit_evaluation)."""
+
+
+def fit_evaluation(command, prompts, decoding_s, seconds_left, tools=False):
+    """(the closing evaluation `command` of `prompts` prompts, None) where `seconds_left` (the --time-budget's)
+    holds it at step 3's decoding rates (`decoding_s`, its metrics': seconds per sampled and greedy answer, and its
+    setup), or where they are unknown; else (the command cut to the prompts that fit, at least MIN_EVAL_PROMPTS,
+    the line that says so): the budget bounds the whole command, the evaluation too."""
+    sampled = decoding_s.get("sampled", decoding_s.get("evaluation", decoding_s.get("rollouts")))
+    greedy = decoding_s.get("greedy", sampled)
+    if not sampled or prompts <= MIN_EVAL_PROMPTS:
+        return command, None
+    per_prompt = 2 * (2 if tools else 1) * (_last_int(command, "--samples_per_prompt") * sampled + greedy)
+    fit = int((seconds_left - decoding_s.get("setup", 0.0)) // per_prompt)
+    if fit >= prompts:
+        return command, None
+    kept = max(MIN_EVAL_PROMPTS, fit)
+    why = (f"the {seconds_left / 60:.1f} minutes --time-budget left hold {max(fit, 0)} at step 3's decoding rates"
+           if seconds_left > 0 else f"--time-budget is spent, and {MIN_EVAL_PROMPTS} the fewest it answers")
+    return [*command, "--num_prompts", str(kept)], (
+        f"{kept} of {prompts} held-out prompts: {why} (--time-budget 0 answers them all)")
 
 
 def data_checker(data_paths):

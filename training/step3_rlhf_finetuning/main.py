@@ -221,6 +221,8 @@ def main(argv=None):
     if engine.critic is not None:
         metrics.update(critic_optimizer_steps=engine.critic.global_steps, critic_scheduled_steps=critic_steps)
     metrics.update(budget, **stop.metrics(), **data_metrics(prompt_dataset.counts))
+    if args.deadline:  # what train.py sizes the closing evaluation by when the time left cannot hold all of it
+        metrics["decoding_s"] = {"setup": reserve.setup_s, **reserve.rates}
     settings = training_flags(args, step=3)
     for name, model_engine in (("actor", engine.actor), ("critic", engine.critic), ("actor_ema", engine.actor_ema)):
         if model_engine is not None:

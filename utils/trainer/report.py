@@ -101,11 +101,12 @@ def variant_rows(stage, folder, label):
     return rows
 
 
-def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figures_dir=None):
+def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figures_dir=None, eval_note=None):
     """Markdown for the stages whose metrics exist. stage_dirs: {stage name (train.py's STAGES): its output
     folder}; wall_times: {stage: seconds} of this run; evaluation: `inference.evaluation.evaluate_models` output
     with models "baseline" (step-1 actor) and "finetune" (the final actor); figures_dir: where the pictures are
-    drawn (report.md's folder: the markdown links them by name), None for none."""
+    drawn (report.md's folder: the markdown links them by name), None for none; eval_note: why the evaluation
+    answered fewer prompts than asked (train.py's fit to --time-budget), None where it did not."""
     sft, reward, ppo, rl = (_load(Path(stage_dirs[name]) / "metrics.json") if name in stage_dirs else None
                             for name in ("sft", "reward", "ppo", "rl"))
     rows = []
@@ -152,6 +153,8 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
                              f"step {metrics['best_step']} ({_fmt(metrics.get('best_validation_score'))})"))
             rows += data_rows(name, metrics, steps="steps (prompt batches)")
             rows += variant_rows(stage, stage_dirs[stage], name)
+    if eval_note:
+        rows.append(("eval", "held-out prompts answered, cut to the time budget", eval_note))
     if evaluation and {"baseline", "finetune"} <= set(evaluation):
         # The evaluation compares the step-1 actor with the final one, or the base model with the step-1 actor
         # when step 1 is the last (or only the RL actor with the base model, when step 1 could not run).
