@@ -55,7 +55,8 @@ decides which), their columns first renamed to these fields by the --<field>_key
 10. **Rated answers** (HelpSteer's and HelpSteer2's main files; `RATED_ANSWERS`): rows of a `prompt`, one
    `response` and its rating (`helpfulness`, else `score` or `rating`); the rows answering one prompt are one pair
    of shape 6 (the best-rated answer chosen, the worst rejected; rated alike, a tie), a prompt answered once a
-   user's turn with one answer (shape 4). The one shape read across rows (`rated_pairs`), before the rest.
+   user's turn with one answer (shape 4). The one shape read across rows (`rated_pairs`), before the rest, and
+   only where no --<field>_key flag renames the columns.
 
 Messages may be OpenAI's: content as a list of text parts, the `developer` role as `system`. A KTO `label` may be
 1 or 0, or a CSV file's text of a bool.

@@ -269,7 +269,7 @@ def read_rows(records: list[tuple[dict, str]], what: str, present: set[str],
             raise DataError(f"{what}: no column '{column}' (named by {column_flag(field)}); its columns: "
                             f"{', '.join(sorted(present))}")
     rows, fields = [], {"prompt", "chosen", "rejected", UNUSABLE, ROW_COLUMNS, *columns.values()}
-    for value, where in rated_pairs(records):
+    for value, where in records if columns else rated_pairs(records):  # renamed columns say how to read them
         _check_strings(value, f"{what}: {where}")
         row = _read_renamed(value, f"{what}: {where}", columns)
         other = {key: item for key, item in value.items() if key not in fields}

@@ -674,4 +674,5 @@ def test_rated_answers_to_one_prompt_are_a_pair_of_the_best_and_the_worst(tmp_pa
         (None, None, None),  # "Say hi.": rated alike, a tie
         (" Human: Add 2 and 2. Assistant:", " 5", None)]  # answered once: a prompt with one answer
     assert "judged equal (a tie)" in read[1][UNUSABLE]
+    assert rd.read_local_split(path, {"chosen": "response"}).to_list()[0]["chosen"] == "Four."  # read as named
     assert not {"helpfulness", "correctness"} & set(json.loads(read[0][rd.ROW_COLUMNS]))  # the answers' own
