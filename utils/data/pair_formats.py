@@ -111,17 +111,23 @@ def _index(field: str, first: object = 0) -> Callable[[dict, str], int | None]:
     return judge
 
 
-def _number(value: dict, field: str, where: str, meaning: str = "") -> float:
-    """The number in `field` (not a bool, not NaN; a CSV file's text of one); a DataError naming the field
-    otherwise."""
-    number = value[field]
-    if isinstance(number, str):
+def _as_number(value: Any) -> float | None:
+    """`value` as a number (not a bool, not NaN; a CSV file's text of one), None where it is none."""
+    if isinstance(value, str):
         try:
-            number = float(number)
+            value = float(value)
         except ValueError:
-            pass
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or number != number:
-        raise DataError(f"{where}: field '{field}' must be a number{meaning}, got {number!r}")
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return value
+
+
+def _number(value: dict, field: str, where: str, meaning: str = "") -> float:
+    """The number in `field` (_as_number); a DataError naming the field otherwise."""
+    number = _as_number(value[field])
+    if number is None:
+        raise DataError(f"{where}: field '{field}' must be a number{meaning}, got {value[field]!r}")
     return number
 
 
@@ -228,7 +234,7 @@ def rated_pairs(records: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
     answers: dict[str, list[int]] = {}
     for index, (value, _) in enumerate(records):
         if isinstance(value.get("prompt"), str) and isinstance(value.get("response"), str) and \
-                _score(value.get(rating)) is not None:
+                _as_number(value.get(rating)) is not None:
             answers.setdefault(value["prompt"], []).append(index)
     grouped, done = [], set()
     for index, (value, where) in enumerate(records):
@@ -244,13 +250,13 @@ def rated_pairs(records: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
                              "chosen": [{"role": "assistant", "content": value["response"]}]}, where))
             continue
         done.update(rows)
-        ranked = sorted(rows, key=lambda row: _score(records[row][0][rating]))
+        ranked = sorted(rows, key=lambda row: _as_number(records[row][0][rating]))
         best, worst = records[ranked[-1]][0], records[ranked[0]][0]
         shared = {key: item for key, item in value.items()  # the columns every answer's row agrees on
                   if all(records[row][0].get(key) == item for row in rows) and key not in RATED_ANSWERS}
         grouped.append(({**shared, "prompt": value["prompt"], "response_1": best["response"],
                          "response_2": worst["response"],
-                         "preference_strength": _score(worst[rating]) - _score(best[rating])},
+                         "preference_strength": _as_number(worst[rating]) - _as_number(best[rating])},
                         f"{where} and the {len(rows) - 1} other answer(s) to its prompt"))
     return grouped
 
@@ -282,24 +288,13 @@ def _judged_alike(value: dict) -> None:
     if value.get(field) == tie and "chosen" in value:
         raise Unusable(TIE)
     for chosen, rejected in SCORED_PAIRS:
-        scores = _score(value.get(chosen)), _score(value.get(rejected))
+        scores = _as_number(value.get(chosen)), _as_number(value.get(rejected))
         if None in scores:
             continue
         if scores[0] == scores[1]:
             raise Unusable(f"{TIE}: '{chosen}' equals '{rejected}'")
         if scores[0] < scores[1]:
             raise Unusable(f"'{chosen}' is below '{rejected}'")
-
-
-def _score(value: Any) -> float | None:
-    """A quality column's number (a CSV file's text of one too); None for anything else (null, NaN, text)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if number == number else None
 
 
 def relabelled(err: DataError, label: Callable[[str], str | None]) -> DataError:
