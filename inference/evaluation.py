@@ -142,15 +142,14 @@ def gym_validation_prompts(data_paths):
 def validation_set(data_paths, seed=1234):
     """(prompts, checker) of questions with a checker of their own that no step trains on and the closing
     evaluation never reads: a reasoning-gym spec's eval part (gym_validation_prompts), the built-in task's eval
-    split; None for other data (no checker) or several data paths that are not all reasoning-gym specs."""
+    split; None for other data and for several data paths (heldout_set keeps a checker for one spec alone)."""
     data_paths = [data_paths] if isinstance(data_paths, str) else list(data_paths or ["builtin"])
-    prompts = gym_validation_prompts(data_paths)
-    if prompts is None and data_paths == ["builtin"]:
+    if data_paths == ["builtin"]:
         raw = get_raw_dataset("builtin", seed)
         prompts = [prompt for prompt in map(raw.get_prompt, raw.get_eval_data()) if prompt]
-    if not prompts:
-        return None
-    return prompts, heldout_set(data_paths)[1]
+        return (prompts, None) if prompts else None  # None: evaluate_models' built-in checker
+    prompts = gym_validation_prompts(data_paths) if len(data_paths) == 1 else None
+    return (prompts, heldout_set(data_paths)[1]) if prompts else None
 
 
 def read_prompts_file(path):

@@ -166,6 +166,10 @@ def test_a_score_to_stop_on_needs_patience_and_data_with_a_checker(tmp_path):
                                           f"--data_path {pairs} has none"):
         validation(args)
     assert parse_args(["--output_dir", "x"]).max_new_tokens is None  # the loss: no answers to measure
+    from inference.evaluation import validation_set
+
+    assert validation_set(["reasoning_gym:chain_sum?max_digits=1"])[1] is not None  # one spec: its verifier
+    assert validation_set(["reasoning_gym:chain_sum?max_digits=1", "reasoning_gym:spell_backward"]) is None
 
 
 def test_step1_stops_when_its_checker_score_on_unseen_questions_is_flat(tmp_path):

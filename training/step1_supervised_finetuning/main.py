@@ -69,7 +69,7 @@ def validation(args):
     found = validation_set(args.data_path, args.seed)
     if found is None:
         raise ConfigError(f"--early_stopping_metric score needs data with a checker and questions no step trains "
-                          f"on (builtin, one or more reasoning_gym: specs); --data_path {' '.join(args.data_path)} "
+                          f"on (builtin, or one reasoning_gym: spec); --data_path {' '.join(args.data_path)} "
                           "has none")
     prompts, checker = found
     return prompts[:args.eval_prompts], checker
