@@ -58,6 +58,9 @@ decides which), their columns first renamed to these fields by the --<field>_key
    user's turn with one answer (shape 4). The one shape read across rows (`rated_pairs`), before the rest, and
    only where no --<field>_key flag renames the columns.
 
+A prompt string in NeMo's chat markup (HelpSteer2's multi-turn prompts: `<extra_id_1>Assistant` and
+`<extra_id_1>User` lines between the turns) is read as its turns, in any shape.
+
 Messages may be OpenAI's: content as a list of text parts, the `developer` role as `system`. A KTO `label` may be
 1 or 0, or a CSV file's text of a bool.
 
@@ -94,6 +97,8 @@ ASSISTANT_MARK = "Assistant:"
 UNUSABLE = "_chatrlhf_unusable"
 """The field of a row the text form cannot hold (its prompt and answers None): why, for the step's skip count."""
 TIE = "the responses are judged equal (a tie)"
+NEMO_TURN = re.compile(r"\n?<extra_id_[01]>(System|User|Assistant)\n")
+"""A turn's mark in NeMo's chat markup, which HelpSteer2's multi-turn prompts keep: `<extra_id_1>User\n`."""
 
 
 class Unusable(Exception):
@@ -246,7 +251,7 @@ def rated_pairs(records: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
             continue
         if len(rows) == 1:  # a user's turn and its answer, as the pairs' prompts and answers are read
             rest = {key: item for key, item in value.items() if key not in RATED_ANSWERS}
-            grouped.append(({**rest, "prompt": [{"role": "user", "content": value["prompt"]}],
+            grouped.append(({**rest, "prompt": value["prompt"],  # a user's turn, or NeMo's turns (_nemo_turns)
                              "chosen": [{"role": "assistant", "content": value["response"]}]}, where))
             continue
         done.update(rows)
@@ -304,6 +309,7 @@ def relabelled(err: DataError, label: Callable[[str], str | None]) -> DataError:
 
 
 def _read_pair(value: dict, where: str) -> dict[str, str | None]:
+    value = _nemo_turns(value)
     value = _instruction_layout(_listed(_ranked(_arena_lists(value, where), where), where), where)
     if "label" in value and "completion" in value and "chosen" not in value:  # KTO's unpaired feedback
         return _labelled(value, where)
@@ -332,6 +338,19 @@ def _read_pair(value: dict, where: str) -> dict[str, str | None]:
     if "prompt" in value:
         return {field: value[field] for field in PAIR_FIELDS}
     return _dialogues_pair(value["chosen"], value["rejected"], where)
+
+
+def _nemo_turns(value: dict) -> dict:
+    """A row whose prompt string is in NeMo's chat markup (HelpSteer2's multi-turn prompts: the first user turn,
+    then `<extra_id_1>Assistant\n...\n<extra_id_1>User\n...`) with its prompt as those messages; other rows as
+    they are."""
+    prompt = value.get("prompt")
+    if not isinstance(prompt, str) or not NEMO_TURN.search(prompt):
+        return value
+    parts = NEMO_TURN.split(prompt)  # the text before the first mark, then each mark's role and its text
+    messages = [{"role": "user", "content": parts[0]}] if parts[0].strip() else []
+    messages += [{"role": role.lower(), "content": text} for role, text in zip(parts[1::2], parts[2::2])]
+    return {**value, "prompt": messages}
 
 
 def _ranked(value: dict, where: str) -> dict:

@@ -676,3 +676,22 @@ def test_rated_answers_to_one_prompt_are_a_pair_of_the_best_and_the_worst(tmp_pa
     assert "judged equal (a tie)" in read[1][UNUSABLE]
     assert rd.read_local_split(path, {"chosen": "response"}).to_list()[0]["chosen"] == "Four."  # read as named
     assert not {"helpfulness", "correctness"} & set(json.loads(read[0][rd.ROW_COLUMNS]))  # the answers' own
+
+
+def test_helpsteer2_multi_turn_prompts_in_nemo_markup_are_read_as_their_turns(tmp_path):
+    """HelpSteer2 writes a multi-turn prompt as its first user turn, then `<extra_id_1>Assistant` and
+    `<extra_id_1>User` lines; before, the whole of it was one user turn, the marks in its text."""
+    prompt = "What is 2 + 2?\n<extra_id_1>Assistant\n4.\n<extra_id_1>User\nAnd 3 + 3?"
+    expected = " Human: What is 2 + 2? Assistant: 4. Human: And 3 + 3? Assistant:"
+    ranked = read_pair({"prompt": prompt, "response_1": "6.", "response_2": "7.", "preference_strength": -1}, "r")
+    assert (ranked["prompt"], ranked["chosen"], ranked["rejected"]) == (expected, " 6.", " 7.")
+    rows = [{"prompt": prompt, "response": "7.", "helpfulness": 1},
+            {"prompt": prompt, "response": "6.", "helpfulness": 4},
+            {"prompt": "<extra_id_0>System\nBe brief.\n<extra_id_1>User\nHi?", "response": "Hi.", "helpfulness": 3}]
+    path = tmp_path / "helpsteer2.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    read = rd.read_local_split(path).to_list()
+    assert [(row["prompt"], row["chosen"], row["rejected"]) for row in read] == [
+        (expected, " 6.", " 7."), ("Be brief.\n\n Human: Hi? Assistant:", " Hi.", None)]
+    assert read_pair({"prompt": "Say <extra_id_1>User without a new line."}, "r")["prompt"] == \
+        "Say <extra_id_1>User without a new line."  # a mark only at a line's start, before a new line
