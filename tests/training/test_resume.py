@@ -128,8 +128,13 @@ def test_step1_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
 
 
 def test_step2_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
-    main = [sys.executable, str(STEP2 / "main.py"), *STEP2_FLAGS, "--data_output_path", str(tmp_path / "data")]
-    check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=10)
+    """With --load_best_model_at_end: the kill comes after the evaluation at step 25, so the weights it kept
+    travel in the checkpoint of step 30 (best.safetensors) and the resumed run chooses as the first would."""
+    main = [sys.executable, str(STEP2 / "main.py"), *STEP2_FLAGS, "--load_best_model_at_end",
+            "--data_output_path", str(tmp_path / "data")]
+    check_kill_and_resume(main, tmp_path / "reference", tmp_path / "resumed", save_steps=30)
+    assert (tmp_path / "resumed" / "checkpoints" / "step30" / "best.safetensors").is_file()
+    assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["saved_best"]["step"] in (25, 50, 60)
 
 
 @pytest.mark.e2e  # slow (~1 min each on a quiet 2-core CPU): run with -m e2e

@@ -2,12 +2,14 @@
 their real CLIs on the tiny model: early stopping on a flat eval loss, the time budget, a resumed run that stops
 where it had stopped, and the report's row."""
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 from processes import subprocess_env
 
 from utils.runtime.errors import ConfigError
@@ -253,3 +255,42 @@ def test_step3_stops_when_no_round_finds_answers_that_score_differently(step3_mo
     assert metrics["stopped"]["step"] == 2 and metrics["actor_optimizer_steps"] == 0
     start, saved = load_file(actor_dir / "model.safetensors"), load_file(out / "actor" / "model.safetensors")
     assert all((saved[name] == start[name]).all() for name in start)  # nothing trained
+
+
+def test_step1_saves_its_best_evaluation_with_load_best_model_at_end(tmp_path):
+    """Train answers that the eval split contradicts: the eval loss rises from the first evaluation on, so with
+    --load_best_model_at_end step 1 saves the weights of step 2, its best evaluation: the same, to the bit, as a
+    run of 2 steps (a constant rate, so both take the same steps), and says so in metrics.json and the log."""
+    from safetensors.torch import load_file
+
+    data = tmp_path / "conflict"
+    data.mkdir()
+    for split, answer, count in (("train", "yes yes yes", 64), ("eval", "no no no", 16)):
+        (data / f"{split}.jsonl").write_text("".join(
+            json.dumps({"prompt": f" Human: Is {i} odd? Assistant:", "chosen": f" {answer}"}) + "\n"
+            for i in range(count)))
+    flags = ["--data_path", str(data), "--data_split", "1,0,0", "--per_device_train_batch_size", "4",
+             "--per_device_eval_batch_size", "8", "--max_seq_len", "32", "--learning_rate", "1e-2",
+             "--lr_scheduler_type", "constant", "--num_warmup_steps", "0", "--num_train_epochs", "10",
+             "--print_interval", "2", "--data_output_path", str(tmp_path / "data")]
+    best, short = tmp_path / "best", tmp_path / "short"
+    log = run([sys.executable, str(STEP1), *flags, "--max_steps", "8", "--eval_interval", "2",
+               "--load_best_model_at_end", "--output_dir", str(best)])
+    run([sys.executable, str(STEP1), *flags, "--max_steps", "2", "--output_dir", str(short)])
+    metrics = json.loads((best / "metrics.json").read_text())
+    assert metrics["optimizer_steps"] == 8
+    assert metrics["saved_best"]["step"] == 2 and metrics["saved_best"]["last_step"] == 8
+    kept, last = map(float, re.search(r"--load_best_model_at_end: the model of step 2 is saved \(eval loss "
+                                      r"([\d.]+), against ([\d.]+) at step 8\)", log).groups())
+    assert kept < last and metrics["loss_after"] == metrics["saved_best"]["value"] == pytest.approx(kept, abs=1e-4)
+    saved, two_steps = load_file(best / "model.safetensors"), load_file(short / "model.safetensors")
+    assert all(torch.equal(saved[name], two_steps[name]) for name in two_steps)
+    assert ("1 SFT", "model saved: its best evaluation (--load_best_model_at_end)",
+            f"step 2 of 8 (eval loss {metrics['loss_after']:.3f})") in data_rows("1 SFT", metrics)
+
+
+def test_load_best_model_at_end_needs_evaluations():
+    from training.step1_supervised_finetuning.main import parse_args
+
+    with pytest.raises(ConfigError, match="^--load_best_model_at_end needs --eval_interval > 0"):
+        parse_args(["--output_dir", "x", "--load_best_model_at_end"])

@@ -19,6 +19,7 @@ from utils.data.data_utils import DataCollatorReward
 from utils.data.packing import DataCollatorPackedReward, check_keeps_samples_apart
 from utils.model.model_utils import resolve_model_path
 from utils.model.reward_model import RewardModel
+from utils.rl.losses import pairwise_loss
 from utils.runtime.args import ArgumentParser, add_num_padding_at_beginning_arg, add_step_args, parse_step_args
 from utils.runtime.dist import to_device
 from utils.runtime.errors import cli_entry
@@ -35,22 +36,23 @@ def parse_args(argv=None):
 
 
 def evaluate_reward(engine, eval_loader, device, eval_iters=0):
-    """Accuracy (chosen scored above rejected) and mean end scores over the eval split, all ranks together."""
+    """Accuracy (chosen scored above rejected), the pairwise loss (what --early_stopping_patience and
+    --load_best_model_at_end watch) and mean end scores over the eval split, all ranks together."""
     engine.eval()
-    totals = torch.zeros(4, device=device)  # correct, chosen score sum, rejected score sum, pairs
+    totals = torch.zeros(5, device=device)  # correct, loss sum, chosen score sum, rejected score sum, pairs
     with torch.no_grad():
         for batch in eval_batches(eval_loader, eval_iters):
             out = engine(**to_device(batch, device))
             chosen, rejected = out["chosen_end_scores"].float(), out["rejected_end_scores"].float()
-            totals += torch.stack([(chosen > rejected).sum(), chosen.sum(), rejected.sum(),
-                                   torch.tensor(float(len(chosen)), device=device)])
+            totals += torch.stack([(chosen > rejected).sum(), pairwise_loss(chosen, rejected) * len(chosen),
+                                   chosen.sum(), rejected.sum(), torch.tensor(float(len(chosen)), device=device)])
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(totals)
     engine.train()
-    correct, chosen_sum, rejected_sum, pairs = totals.tolist()
+    correct, loss_sum, chosen_sum, rejected_sum, pairs = totals.tolist()
     pairs = max(pairs, 1.0)
-    return {"accuracy": correct / pairs, "chosen_score": chosen_sum / pairs, "rejected_score": rejected_sum / pairs,
-            "score_diff": (chosen_sum - rejected_sum) / pairs}
+    return {"accuracy": correct / pairs, "loss": loss_sum / pairs, "chosen_score": chosen_sum / pairs,
+            "rejected_score": rejected_sum / pairs, "score_diff": (chosen_sum - rejected_sum) / pairs}
 
 
 @cli_entry

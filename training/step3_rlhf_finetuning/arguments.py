@@ -6,11 +6,11 @@ from utils.rl.kl import KL_ESTIMATORS
 from utils.rl.losses import LOSS_AGG_MODES
 from utils.rl.policy_losses import POLICY_LOSSES
 from utils.runtime.args import (ZERO_STAGES, ArgumentParser, add_checkpoint_args, add_data_args, add_eval_prompts_arg,
-                                add_deepspeed_args, add_logging_args, add_num_padding_at_beginning_arg,
-                                add_offload_reference_model_arg, add_only_optimize_lora_arg, add_reward_fn_arg,
-                                add_sampling_args, add_schedule_args, add_tool_args, add_trust_remote_code_arg,
-                                check_common_args, is_auto, length_or_auto, registry_help,
-                                rollouts_per_batch)
+                                add_deepspeed_args, add_load_best_arg, add_logging_args,
+                                add_num_padding_at_beginning_arg, add_offload_reference_model_arg,
+                                add_only_optimize_lora_arg, add_reward_fn_arg, add_sampling_args, add_schedule_args,
+                                add_tool_args, add_trust_remote_code_arg, check_common_args, is_auto, length_or_auto,
+                                registry_help, rollouts_per_batch)
 from utils.runtime.errors import ConfigError
 from utils.runtime.tool_format import tool_use
 
@@ -266,12 +266,12 @@ def add_critic_free_args(parser):
              "sampled and greedy: the built-in task's or a reasoning-gym spec's with its checker, else the data's "
              "eval split (0: never).")
     add_eval_prompts_arg(group, 100, "How many held-out prompts --eval_interval scores.")
-    add("--load_best_model_at_end", action="store_true",
-        help="With --eval_interval: score the data's eval split (validation prompts, never trained on; for a "
-             "reasoning-gym spec or the built-in task apart from the held-out questions the closing evaluation "
-             "scores) instead of the held-out prompts, and save the actor as it was at its best evaluation (the "
-             "mean of the sampled and greedy scores; a tie keeps the earlier, so RL that never beats the starting "
-             "actor returns it) rather than as it ends. The critic is saved as it ends.")
+    add_load_best_arg(group, "With --eval_interval: score the data's eval split (validation prompts, never trained "
+                             "on; for a reasoning-gym spec or the built-in task apart from the held-out questions "
+                             "the closing evaluation scores) instead of the held-out prompts, and save the actor as "
+                             "it was at its best evaluation (the mean of the sampled and greedy scores; a tie keeps "
+                             "the earlier, so RL that never beats the starting actor returns it) rather than as it "
+                             "ends. The critic is saved as it ends.")
 
 
 def add_output_args(parser):

@@ -406,7 +406,16 @@ def add_eval_interval_args(group):
     group.add_argument("--early_stopping_patience", type=int, default=0,
                        help="Stop training when the eval loss has not improved for this many --eval_interval "
                             "evaluations in a row (0: never), as transformers' EarlyStoppingCallback.")
+    add_load_best_arg(group, "Save the model as it was at its best evaluation (the lowest eval loss; step 1 with "
+                             "--early_stopping_metric score: the highest score) rather than as it ends, the "
+                             "evaluation after training among them (needs --eval_interval), as transformers' flag "
+                             "of that name.")
     return group
+
+
+def add_load_best_arg(group, help):
+    """--load_best_model_at_end: the model of a step's best evaluation is the one saved (utils/trainer/best.py)."""
+    group.add_argument("--load_best_model_at_end", action="store_true", help=help)
 
 
 def add_eval_prompts_arg(group, default, help):
@@ -547,6 +556,8 @@ def check_common_args(args):
     column_keys(args)
     if getattr(args, "early_stopping_patience", 0) and not args.eval_interval:
         raise ConfigError("--early_stopping_patience needs --eval_interval > 0: the evaluations it counts")
+    if getattr(args, "load_best_model_at_end", False) and not args.eval_interval:
+        raise ConfigError("--load_best_model_at_end needs --eval_interval > 0: the evaluations it chooses among")
     if not args.output_dir:
         raise ConfigError("--output_dir is required")
     # absolute, so that the run saves where it was asked to even if a reward function changes directory

@@ -1,6 +1,7 @@
-"""--load_best_model_at_end: the actor's weights at its best validation score, put back before the final save (as
-the Hugging Face Trainer's flag of that name does), so that RL which never beats the model it started from returns
-that model rather than a worse one."""
+"""--load_best_model_at_end: a model's weights at its best evaluation, put back before the final save (as the
+Hugging Face Trainer's flag of that name does): step 3's actor at its best validation score, so that RL which never
+beats the model it started from returns that model rather than a worse one; steps 1 and 2's, DPO's and KTO's model
+at its best eval loss (step 1's score), rather than as it was --early_stopping_patience evaluations later."""
 import torch
 
 from utils.model.save import release_prefetched
@@ -15,20 +16,25 @@ class BestWeights:
     def __init__(self, engine):
         self.engine = engine
         self.params = {name: param for name, param in engine.module.named_parameters() if param.requires_grad}
-        self.step, self.score, self.tensors = None, None, {}
+        self.step, self.score, self.scores, self.tensors = None, None, None, {}
 
     def observe(self, step, score):
         """Keep the weights as they are now when `score` (a number, higher is better) beats the best so far;
         True when it did."""
         if self.score is not None and not score > self.score:  # NaN never beats anything
             return False
+        self.keep(step, score)
+        return True
+
+    def keep(self, step, score, scores=None):
+        """Keep the weights as they are now, the best so far by the caller's rule: `score` its figure, `scores`
+        the evaluation's (what the step reports after training where these weights are the ones saved)."""
         release_prefetched(self.engine)
         tensors = {}
         for name, param in self.params.items():
             with _gathered(param):
                 tensors[name] = param.detach().to("cpu", copy=True)
-        self.step, self.score, self.tensors = step, float(score), tensors
-        return True
+        self.step, self.score, self.scores, self.tensors = step, float(score), scores, tensors
 
     def restore(self):
         """Put the kept weights back into the model (under ZeRO-3 into every rank's partition)."""
@@ -39,16 +45,19 @@ class BestWeights:
                     param.copy_(self.tensors[name].to(param.device, param.dtype))
 
     def state_dict(self):
-        return {"step": self.step, "score": self.score}
+        return {"step": self.step, "score": self.score, "scores": self.scores}
 
     def load_state_dict(self, state):
-        self.step, self.score = state["step"], state["score"]
+        self.step, self.score, self.scores = state["step"], state["score"], state.get("scores")
 
     def state_tensors(self):
         """The kept weights, for a checkpoint (utils.trainer.checkpoint saves them as safetensors)."""
         return self.tensors
 
     def load_state_tensors(self, tensors):
+        if not tensors:  # a checkpoint written before the first evaluation: nothing kept yet
+            self.tensors = {}
+            return
         missing = sorted(set(self.params) - set(tensors))
         if missing:
             raise ValueError(f"the kept best weights lack {missing[:3]}")

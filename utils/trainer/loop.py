@@ -13,6 +13,7 @@ from utils.rl.reward_fns import call_reward_fn, load_reward_fn
 from utils.runtime.args import column_keys, training_flags
 from utils.runtime.dist import all_reduce_mean, assert_finite, print_rank_0, to_device
 from utils.runtime.progress import eval_batches, progress
+from utils.trainer.best import BestWeights
 from utils.trainer.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.trainer.engine import eager, step_budget, train_engine_from_args, write_metrics
 from utils.trainer.monitor import Monitor, Throughput, format_scalars
@@ -88,7 +89,8 @@ class LoopState:
     with --resume: then `resumed` holds the checkpoint's state, else None), the `monitor` (TensorBoard under
     `run_name`, the history in --output_dir), and the `throughput` meter. `flags` are the flags that shape training
     (`step` names the step), recorded with each checkpoint and saved with the model. `stop` is its StopRule
-    (utils/trainer/stopping.py: early stopping, the time budget). `counts` are what save_run
+    (utils/trainer/stopping.py: early stopping, the time budget); `best`, with --load_best_model_at_end, the
+    weights of the evaluation it found best (else None). `counts` are what save_run
     adds to metrics.json: the rows each split read and kept (data_metrics), the rows an evaluation scores, and the
     step budget (step_budget)."""
 
@@ -96,9 +98,12 @@ class LoopState:
         self.flags = training_flags(args, step=step)
         self.counts = run_counts(args, train_loader, world_size)
         self.position = TrainingPosition(train_loader)
+        self.best = BestWeights(engine) if getattr(args, "load_best_model_at_end", False) else None
         self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
-                                         self.position, flags=self.flags)
+                                         self.position, flags=self.flags, tensors={"best": self.best})
         self.resumed = self.checkpointer.resume() if args.resume else None
+        if self.best is not None and self.resumed:
+            self.best.load_state_dict(self.resumed["best"])
         self.monitor = Monitor(args, run_name, args.output_dir, resumed=self.resumed is not None)
         self.stop = stop_rule_from_args(args, engine.device, state=(self.resumed or {}).get("stop"))
         self.throughput = Throughput(engine.module.config, world_size, args.gradient_checkpointing, args.lora_dim)
@@ -123,13 +128,32 @@ class LoopState:
         metrics = (self.resumed["metrics"] if self.resumed else
                    {f"{name}_before": value for name, value in run_eval("before training").items()})
         each_epoch = eval_each_epoch and not args.eval_interval
-        train_loop(engine, self, args, total_steps, device, loss_and_stats=loss_and_stats,
-                   checkpoint_state={"metrics": metrics}, run_eval=run_eval, what=what,
-                   epoch_end=(lambda epoch: after(f"after epoch {epoch + 1}/{args.num_train_epochs}")) if each_epoch
-                   else None)
-        if not each_epoch:
-            after("after training")
+        step = train_loop(engine, self, args, total_steps, device, loss_and_stats=loss_and_stats,
+                          checkpoint_state={"metrics": metrics}, run_eval=run_eval, what=what,
+                          epoch_end=(lambda epoch: after(f"after epoch {epoch + 1}/{args.num_train_epochs}"))
+                          if each_epoch else None)
+        if each_epoch:
+            return metrics
+        scores = run_eval("after training")
+        if self.best is not None:
+            scores = self.load_best(step, scores)
+        metrics.update({f"{name}_after": value for name, value in scores.items()})
         return metrics
+
+    def load_best(self, step, scores):
+        """With --load_best_model_at_end, after training (`scores`: the evaluation of the weights it ended with, at
+        `step`): the weights of the best evaluation put back where an earlier one was better; the scores of the
+        weights to be saved. metrics.json says which were ("saved_best")."""
+        stop, best = self.stop, self.best
+        if stop.observe(step, scores) or best.step is None or best.step == step:
+            best.step, best.scores = step, scores  # the weights as they are: no copy to put back
+        else:
+            best.restore()
+            print_rank_0(f"--load_best_model_at_end: the model of step {best.step} is saved (eval {stop.metric} "
+                         f"{best.score:.4f}, against {scores[stop.metric]:.4f} at step {step})")
+        self.counts["saved_best"] = {"step": best.step, "last_step": step, "metric": stop.metric,
+                                     "value": best.scores.get(stop.metric)}
+        return best.scores
 
 
 def evaluate_mean(engine, eval_loader, device, eval_iters, loss_and_stats, rows):
@@ -210,10 +234,13 @@ def train_loop(engine, state, args, total_steps, device, *, loss_and_stats, chec
                 print_rank_0(f"epoch {epoch + 1} step {step}/{total_steps}: {format_scalars(**scalars, lr=lr)}")
                 monitor.write(step, "train", **scalars, lr=lr, **throughput.report())
             if run_eval is not None and eval_interval and step % eval_interval == 0 and step < total_steps:
-                stop.observe(step, run_eval(f"at step {step}"))
+                scores = run_eval(f"at step {step}")
+                if stop.observe(step, scores) and state.best is not None:
+                    state.best.keep(step, scores[stop.metric], scores)
             reason = stop.reason(step, total_steps)
+            best = {"best": state.best.state_dict()} if state.best is not None else {}
             checkpointer.save_if_due(step, step if reason else total_steps,
-                                     {**checkpoint_state, "stop": stop.state_dict()})
+                                     {**checkpoint_state, "stop": stop.state_dict(), **best})
             if step >= total_steps or reason:
                 break
         if epoch_end is not None:

@@ -64,6 +64,10 @@ def data_rows(label, metrics, steps="optimizer steps"):
         stopped = metrics["stopped"]
         rows.append((label, f"{steps}, stopped early",
                      f"{stopped['step']} of {metrics.get('total_steps', '-')}: {stopped['reason']}"))
+    if metrics.get("saved_best"):  # --load_best_model_at_end (steps 1, 2, DPO, KTO)
+        best = metrics["saved_best"]
+        rows.append((label, "model saved: its best evaluation (--load_best_model_at_end)",
+                     f"step {best['step']} of {best['last_step']} (eval {best['metric']} {_fmt(best['value'])})"))
     return rows
 
 

@@ -40,13 +40,16 @@ class StopRule:
         self.stopped = state.get("stopped")  # a run resumed from the checkpoint of its stop has nothing left
 
     def observe(self, step, scores):
-        if not self.patience or self.metric not in scores:
-            return
+        """A mid-run evaluation's `scores`; True when its metric is the best so far (strictly: a tie keeps the
+        earlier), which --load_best_model_at_end keeps."""
+        if self.metric not in scores:
+            return False
         value = scores[self.metric]
         if self.best is None or (value > self.best if self.metric in HIGHER_IS_BETTER else value < self.best):
             self.best, self.best_step, self.bad_evaluations = value, step, 0
-        else:
-            self.bad_evaluations += 1
+            return True
+        self.bad_evaluations += 1
+        return False
 
     def observe_round(self, trained_rows):
         """After each step-3 round: the rollouts it trained on (0: every group's answers scored alike)."""

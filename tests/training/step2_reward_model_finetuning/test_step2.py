@@ -2,6 +2,7 @@
 the data edge cases of reward pairs, bad data ending in one `error:` line, and end-to-end runs through the real
 launch scripts (one process; two processes under ZeRO-3) whose saved model reproduces the reported accuracy."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -62,6 +63,8 @@ def test_evaluate_reward_hand_worked():
     assert scores["chosen_score"] == pytest.approx(3 / 4)
     assert scores["rejected_score"] == pytest.approx(3 / 4)
     assert scores["score_diff"] == pytest.approx(0.0)
+    # the Bradley-Terry loss of the four pairs, what early stopping and --load_best_model_at_end watch
+    assert scores["loss"] == pytest.approx(sum(math.log1p(math.exp(-d)) for d in (1.0, 0.0, 2.0, -3.0)) / 4)
 
 
 def test_output_dir_is_required():

@@ -61,7 +61,7 @@ def test_the_best_scores_weights_are_put_back_and_a_tie_or_nan_keeps_the_earlier
             train_step(engine)
         snapshots.append(whole(engine))
         assert best.observe(step, score) == (step in (0, 1))
-    assert best.state_dict() == {"step": 1, "score": 0.5}
+    assert best.state_dict() == {"step": 1, "score": 0.5, "scores": None}
     assert not same(snapshots[1], snapshots[4])  # training moved the weights after the best
     best.restore()
     assert same(whole(engine), snapshots[1])
@@ -89,6 +89,6 @@ def test_the_kept_weights_travel_through_a_checkpoint(make_engine, tmp_path):
     state = Checkpointer(tmp_path, 1, 2, {"model": other}, TrainingPosition(loader),
                          tensors={"best": resumed_best}).resume()
     resumed_best.load_state_dict(state["best"])
-    assert resumed_best.state_dict() == {"step": 0, "score": 0.4}
+    assert resumed_best.state_dict() == {"step": 0, "score": 0.4, "scores": None}
     resumed_best.restore()
     assert same(whole(other), kept)
