@@ -42,12 +42,15 @@ def _only(folder, pattern):
 
 
 def _stop(metrics):
-    stopped = metrics.get("stopped")
+    """Why a stage stopped, and (--load_best_model_at_end) which step's weights it saved where not its last."""
+    stopped, best = metrics.get("stopped"), metrics.get("saved_best")
+    saved = f"; saved {best['step']}" if best and best["step"] != best["last_step"] else ""
     if not stopped:
-        return "budget"
+        return "budget" + saved
     reason = stopped["reason"]
     return ("time" if "max_train_minutes" in reason else "deadline" if "--deadline" in reason
-            else "idle" if "stop_after_idle_rounds" in reason else "eval loss")
+            else "idle" if "stop_after_idle_rounds" in reason else "eval score" if "eval score" in reason
+            else "eval loss") + saved
 
 
 def _wall_time(folder):

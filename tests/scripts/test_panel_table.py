@@ -9,7 +9,7 @@ def stats(best_constant, distinct, top_share):
             "top_answer_share": {"all": top_share}}
 
 
-def write_run(folder, after, after_stats, step1_stop=None, rl_stop=None):
+def write_run(folder, after, after_stats, step1_stop=None, rl_stop=None, step1_best=None):
     folder.mkdir()
     before = {"sampled": {"all": 0.1}, "greedy": {"all": 0.2, "solved": 0.1},
               "answer_stats": {"sampled": stats(0.3, 50, 0.1), "greedy": stats(0.3, 40, 0.2)}}
@@ -17,7 +17,8 @@ def write_run(folder, after, after_stats, step1_stop=None, rl_stop=None):
     (folder / "evaluation.json").write_text(json.dumps(evaluation))
     (folder / "report.md").write_text("Measured by `python train.py --algorithm grpo`:\n\n| all | wall time | 900 s |\n")
     steps = step1_stop["step"] if step1_stop else 70
-    for stage, metrics in (("actor-models/m", {"optimizer_steps": steps, "stopped": step1_stop}),
+    for stage, metrics in (("actor-models/m", {"optimizer_steps": steps, "stopped": step1_stop,
+                                               "saved_best": step1_best}),
                            ("step3-models/m", {"total_steps": 40, "stopped": rl_stop})):
         (folder / stage).mkdir(parents=True)
         (folder / stage / "metrics.json").write_text(json.dumps(metrics))
@@ -33,7 +34,9 @@ def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
               step1_stop={"step": 50, "reason": "the eval loss has not improved for 3 evaluations"},
               rl_stop={"step": 31, "reason": "--max_train_minutes 10 is spent"})
     write_run(tmp_path / "lcm-1", {"sampled": {"all": 0.15}, "greedy": {"all": 0.45}},
-              {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)})
+              {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)},
+              step1_stop={"step": 90, "reason": "the eval score has not improved for 3 evaluations"},
+              step1_best={"step": 60, "last_step": 90, "metric": "score", "value": 0.5})
     write_run(tmp_path / "letters-1", {"sampled": {"all": 0.15}, "greedy": {"all": 0.45}},
               {"sampled": stats(0.3, 60, 0.1), "greedy": stats(0.3, 45, 0.15)},
               rl_stop={"step": 20, "reason": "5 rounds in a row found no group whose answers' scores differ: every "
@@ -53,7 +56,7 @@ def test_rows_goal_and_constant_answers_come_from_the_runs(tmp_path):
             "| 0.300 | 45 (15%) "
             "| 40 (budget) | 15.0 | met |") in text
     assert "| count-1 | - | 50 (eval loss) |" in text and "| 31 (time) | 15.0 | constant answer |" in text
-    assert "| lcm-1 | - | 70 (budget) | 0.100 -> 0.150 (+0.050) |" in text and text.count("| met |") == 1
+    assert "| lcm-1 | - | 90 (eval score; saved 60) | 0.100 -> 0.150 (+0.050) |" in text and text.count("| met |") == 1
     assert "met in 1 of 3 runs (33%)" in text
 
 
