@@ -51,9 +51,25 @@ def test_a_new_best_resets_the_count():
 def test_a_score_improves_upward():
     rule = StopRule(patience=2, metric="score")
     for step, score in ((2, 0.2), (4, 0.5), (6, 0.5), (8, 0.4)):
-        rule.observe(step, {"loss": 1.0 / step, "score": score})
-    assert rule.reason(8) == ("stopped at step 8: the eval score has not improved for 2 evaluations (best 0.5000 at "
-                              "step 4; --early_stopping_patience 2)")
+        rule.observe(step, {"loss": 1.0, "score": score})
+    assert rule.reason(8) == ("stopped at step 8: the eval score has not improved for 2 evaluations, nor the eval "
+                              "loss (lowest 1.0000) (best 0.5000 at step 4; --early_stopping_patience 2)")
+
+
+def test_a_flat_score_goes_on_while_the_loss_falls_and_a_tie_is_won_by_the_lower_loss():
+    """A task the model rarely solves yet: 4 questions of 64 at every evaluation while the loss falls (lcm, where
+    the score alone stopped step 1 at step 50 and kept step 20's model); equal scores, the lower loss the better."""
+    rule = StopRule(patience=3, metric="score")
+    news = [rule.observe(step, {"loss": 2.0 / step, "score": 0.0625}) for step in (10, 20, 30, 40, 50)]
+    assert news == [True] * 5 and rule.reason(50) is None and rule.best_step == 50
+    assert not rule.observe(60, {"loss": 0.01, "score": 0.03})  # a lower score: not the best, though progress
+    assert rule.bad_evaluations == 0 and rule.best_step == 50
+    for step in (70, 80, 90):
+        assert not rule.observe(step, {"loss": 0.5, "score": 0.0625})
+    assert rule.reason(90).startswith("stopped at step 90: the eval score has not improved for 3 evaluations, nor "
+                                      "the eval loss (lowest 0.0100)")
+    resumed = StopRule(patience=3, metric="score", state=rule.state_dict())
+    assert (resumed.best_loss, resumed.lowest_loss) == (0.04, 0.01)
 
 
 def test_the_time_budget_counts_the_minutes_of_a_resumed_run(monkeypatch):

@@ -33,7 +33,9 @@ STOPPING_METRICS = {
     "loss": "the eval loss (the default)",
     "score": "the data's checker (the built-in task's, a reasoning-gym verifier) on greedy answers to the first "
              "--eval_prompts questions no step trains on and the closing evaluation never reads (a reasoning-gym "
-             "spec's eval part, the built-in task's eval split), taken at each evaluation: the skill, not the loss",
+             "spec's eval part, the built-in task's eval split), taken at each evaluation: the skill, not the loss; "
+             "it counts as improving while the eval loss does (a task the model rarely solves yet keeps a flat "
+             "score), and of two equal scores the one with the lower loss is the better",
 }
 """What --early_stopping_patience may watch in step 1."""
 

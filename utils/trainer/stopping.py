@@ -1,6 +1,7 @@
 """When a step stops before its step budget: --early_stopping_patience N (its eval loss, or step 1's checker score
 with --early_stopping_metric score, has not improved for N evaluations in a row, as transformers'
-EarlyStoppingCallback), --max_train_minutes M (a time budget on its training loop, so that a recipe's step counts
+EarlyStoppingCallback; a score counts as still improving while the eval loss does, since a score on a few
+questions can stay flat over many steps of a task the model rarely solves yet), --max_train_minutes M (a time budget on its training loop, so that a recipe's step counts
 adapt to the task and to the machine) and, in step 3 with dynamic
 sampling, --stop_after_idle_rounds R (R rounds in a row found no group whose answers' scores differ: the policy
 answers every prompt alike, right or wrong, and a group-relative estimator has nothing left to train on) and
@@ -34,22 +35,29 @@ class StopRule:
         self.idle_rounds = state.get("idle_rounds", 0)
         self.best = state.get("best")
         self.best_step = state.get("best_step")
+        self.best_loss = state.get("best_loss")  # with a score: the loss of its best evaluation, and the lowest
+        self.lowest_loss = state.get("lowest_loss")
         self.bad_evaluations = state.get("bad_evaluations", 0)
         self.trained_before = state.get("trained_s", 0.0)  # the minutes of the run's earlier lives
         self.started = time.monotonic()
         self.stopped = state.get("stopped")  # a run resumed from the checkpoint of its stop has nothing left
 
     def observe(self, step, scores):
-        """A mid-run evaluation's `scores`; True when its metric is the best so far (strictly: a tie keeps the
-        earlier), which --load_best_model_at_end keeps."""
+        """A mid-run evaluation's `scores`; True when its metric is the best so far (strictly; a score's tie with
+        a lower eval loss is better, any other tie keeps the earlier), which --load_best_model_at_end keeps."""
         if self.metric not in scores:
             return False
-        value = scores[self.metric]
-        if self.best is None or (value > self.best if self.metric in HIGHER_IS_BETTER else value < self.best):
-            self.best, self.best_step, self.bad_evaluations = value, step, 0
-            return True
-        self.bad_evaluations += 1
-        return False
+        value, loss = scores[self.metric], scores.get("loss")
+        if self.metric in HIGHER_IS_BETTER:
+            best = self.best is None or value > self.best or (value == self.best and _lower(loss, self.best_loss))
+            progress = best or _lower(loss, self.lowest_loss)
+            self.lowest_loss = loss if _lower(loss, self.lowest_loss) else self.lowest_loss
+        else:
+            best = progress = self.best is None or value < self.best
+        if best:
+            self.best, self.best_step, self.best_loss = value, step, loss
+        self.bad_evaluations = 0 if progress else self.bad_evaluations + 1
+        return best
 
     def observe_round(self, trained_rows):
         """After each step-3 round: the rollouts it trained on (0: every group's answers scored alike)."""
@@ -64,7 +72,8 @@ class StopRule:
         if total_steps is not None and step >= total_steps:
             return None
         if self.patience and self.bad_evaluations >= self.patience:
-            why = (f"the eval {self.metric} has not improved for {self.bad_evaluations} evaluations "
+            loss = f", nor the eval loss (lowest {self.lowest_loss:.4f})" if self.lowest_loss is not None else ""
+            why = (f"the eval {self.metric} has not improved for {self.bad_evaluations} evaluations{loss} "
                    f"(best {self.best:.4f} at step {self.best_step}; --early_stopping_patience {self.patience})")
         elif self.idle_patience and self.idle_rounds >= self.idle_patience:
             why = (f"{self.idle_rounds} rounds in a row found no group whose answers' scores differ: every prompt "
@@ -85,12 +94,18 @@ class StopRule:
         return all_reduce_sum(torch.tensor(float(late_here), device=self.device)).item() > 0
 
     def state_dict(self):
-        return {"best": self.best, "best_step": self.best_step, "bad_evaluations": self.bad_evaluations,
+        return {"best": self.best, "best_step": self.best_step, "best_loss": self.best_loss,
+                "lowest_loss": self.lowest_loss, "bad_evaluations": self.bad_evaluations,
                 "idle_rounds": self.idle_rounds, "trained_s": self.trained_s(), "stopped": self.stopped}
 
     def metrics(self):
         """What metrics.json keeps of it: {"stopped": {"step", "reason"}} when the rule stopped the run."""
         return {"stopped": self.stopped} if self.stopped else {}
+
+
+def _lower(loss, than):
+    """`loss` is below `than` (None, no loss yet: any loss is)."""
+    return loss is not None and (than is None or loss < than)
 
 
 def stop_rule_from_args(args, device, state=None):
