@@ -521,8 +521,7 @@ def test_step_args_that_move_a_stages_output_are_refused(step, step_args, tmp_pa
 @pytest.mark.parametrize("argv, expected", [
     (["--step3-args", "--bogus_flag"], "error: --step3-args --bogus_flag: unrecognized arguments: --bogus_flag"),
     (["--step3-args", "--load_best_model_at_end"], "error: --step3-args --load_best_model_at_end: "
-     "--load_best_model_at_end needs --eval_interval and --eval_prompts above 0 (the evaluations it picks the best "
-     "of)"),
+     "--load_best_model_at_end needs --eval_interval > 0: the evaluations it chooses among"),
     (["--algorithm", "grpo", "--step1-args", "--max_steps 3 --nope 1"], "error: --step1-args --max_steps 3 --nope 1: "
      "unrecognized arguments: --nope 1"),
 ])

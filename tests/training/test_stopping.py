@@ -310,3 +310,8 @@ def test_load_best_model_at_end_needs_evaluations():
 
     with pytest.raises(ConfigError, match="^--load_best_model_at_end needs --eval_interval > 0"):
         parse_args(["--output_dir", "x", "--load_best_model_at_end"])
+    from training.step3_rlhf_finetuning.arguments import parse_args as step3_args
+
+    actor = ["--actor_model_name_or_path", "tiny", "--output_dir", "x"]
+    with pytest.raises(ConfigError, match="^--load_best_model_at_end needs --eval_interval > 0"):
+        step3_args([*actor, "--load_best_model_at_end"])

@@ -292,9 +292,6 @@ def check_args(args):
         times = f" x --num_samples_per_prompt ({group})" if group > 1 else ""
         raise ConfigError(f"--per_device_generation_batch_size ({args.per_device_generation_batch_size}){times} must "
                           f"be a multiple of --per_device_training_batch_size ({args.per_device_training_batch_size})")
-    if args.load_best_model_at_end and (args.eval_interval <= 0 or args.eval_prompts <= 0):
-        raise ConfigError("--load_best_model_at_end needs --eval_interval and --eval_prompts above 0 (the "
-                          "evaluations it picks the best of)")
     if args.load_best_model_at_end and args.enable_ema:
         raise ConfigError("--load_best_model_at_end keeps the actor's best weights, not the moving average's: drop "
                           "--enable_ema or --load_best_model_at_end")

@@ -556,7 +556,7 @@ def check_common_args(args):
     column_keys(args)
     if getattr(args, "early_stopping_patience", 0) and not args.eval_interval:
         raise ConfigError("--early_stopping_patience needs --eval_interval > 0: the evaluations it counts")
-    if getattr(args, "load_best_model_at_end", False) and not args.eval_interval:
+    if getattr(args, "load_best_model_at_end", False) and args.eval_interval <= 0:
         raise ConfigError("--load_best_model_at_end needs --eval_interval > 0: the evaluations it chooses among")
     if not args.output_dir:
         raise ConfigError("--output_dir is required")
