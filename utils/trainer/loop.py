@@ -145,15 +145,15 @@ class LoopState:
         `step`): the weights of the best evaluation put back where an earlier one was better; the scores of the
         weights to be saved. metrics.json says which were ("saved_best")."""
         stop, best = self.stop, self.best
-        if stop.observe(step, scores) or best.step is None or best.step == step:
-            best.step, best.scores = step, scores  # the weights as they are: no copy to put back
-        else:
+        saved_step, saved = step, scores  # the weights as they are, unless an earlier evaluation was better
+        if not stop.observe(step, scores) and best.step not in (None, step):
             best.restore()
             print_rank_0(f"--load_best_model_at_end: the model of step {best.step} is saved (eval {stop.metric} "
                          f"{best.score:.4f}, against {scores[stop.metric]:.4f} at step {step})")
-        self.counts["saved_best"] = {"step": best.step, "last_step": step, "metric": stop.metric,
-                                     "value": best.scores.get(stop.metric)}
-        return best.scores
+            saved_step, saved = best.step, best.scores
+        self.counts["saved_best"] = {"step": saved_step, "last_step": step, "metric": stop.metric,
+                                     "value": saved.get(stop.metric)}
+        return saved
 
 
 def evaluate_mean(engine, eval_loader, device, eval_iters, loss_and_stats, rows):

@@ -1,8 +1,8 @@
 """When a step stops before its step budget: --early_stopping_patience N (its eval loss, or step 1's checker score
 with --early_stopping_metric score, has not improved for N evaluations in a row, as transformers'
-EarlyStoppingCallback; a score counts as still improving while the eval loss does, since a score on a few
-questions can stay flat over many steps of a task the model rarely solves yet), --max_train_minutes M (a time budget on its training loop, so that a recipe's step counts
-adapt to the task and to the machine) and, in step 3 with dynamic
+EarlyStoppingCallback; a score counts as still improving while the eval loss does, since a score on a few questions
+can stay flat over many steps of a task the model rarely solves yet), --max_train_minutes M (a time budget on its
+training loop, so that a recipe's step counts adapt to the task and to the machine) and, in step 3 with dynamic
 sampling, --stop_after_idle_rounds R (R rounds in a row found no group whose answers' scores differ: the policy
 answers every prompt alike, right or wrong, and a group-relative estimator has nothing left to train on) and
 --deadline T (step 3: a wall-clock time, train.py's --time-budget, by which the step and what runs after it must
@@ -50,8 +50,10 @@ class StopRule:
         value, loss = scores[self.metric], scores.get("loss")
         if self.metric in HIGHER_IS_BETTER:
             best = self.best is None or value > self.best or (value == self.best and _lower(loss, self.best_loss))
-            progress = best or _lower(loss, self.lowest_loss)
-            self.lowest_loss = loss if _lower(loss, self.lowest_loss) else self.lowest_loss
+            lower = _lower(loss, self.lowest_loss)
+            progress = best or lower
+            if lower:
+                self.lowest_loss = loss
         else:
             best = progress = self.best is None or value < self.best
         if best:
