@@ -21,7 +21,7 @@ from utils.data.prompting import (dialogue_system, dialogue_text, encode_prompt_
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
                                      builtin_data_dir, is_saved_dataset, load_hub, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
-from utils.data.text_files import DEAD_LINK, check_text, data_suffix, read_lines
+from utils.data.text_files import DEAD_LINK, check_text, data_suffix, json_records, read_lines
 from utils.runtime.args import AUTO, column_flag, column_keys, is_auto
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
@@ -750,8 +750,8 @@ class FullBatchSampler(torch.utils.data.Sampler):
 def create_unsupervised_dataset(name, config_name, tokenizer, block_size, seed):
     """Plain text for step 3's pretraining loss, tokenized (a special token's text in a document, `</s>` in HTML, is
     text), joined with EOS and cut into blocks of block_size tokens (DeepSpeed-Chat's `group_texts`). `name` is
-    `builtin` (the built-in corpus), a local .txt file (one document per line), a local .json/.jsonl file with a
-    `text` field, or a hub data set with a `text` column."""
+    `builtin` (the built-in corpus), a local .txt file (one document per line), a local JSON array or JSON-lines
+    file of objects with a `text` field, or a hub data set with a `text` column."""
     texts = _unsupervised_texts(name, config_name)
     ids = []
     for text in texts:
@@ -768,7 +768,6 @@ def create_unsupervised_dataset(name, config_name, tokenizer, block_size, seed):
 def _unsupervised_texts(name, config_name):
     """The documents of --unsupervised_dataset_name: a file's (read as the data files are: UTF-8, a BOM dropped,
     each problem a DataError naming the file and line), else a hub data set's `text` column."""
-    import json
     if name == "builtin":
         path = builtin_data_dir() / "unsup.txt"
     else:
@@ -777,16 +776,10 @@ def _unsupervised_texts(name, config_name):
         what = f"--unsupervised_dataset_name {path}"
         if data_suffix(path) in (".json", ".jsonl"):
             texts = []
-            for number, line in read_lines(path, what):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{what}: line {number}: malformed JSON ({err.msg})") from None
+            for value, where in json_records(path, what):
                 if not isinstance(value, dict) or not isinstance(value.get("text"), str):
-                    raise DataError(f"{what}: line {number}: expected a JSON object with a string field 'text'")
-                texts.append(check_text(value["text"], f"{what}: line {number}: field 'text'"))
+                    raise DataError(f"{what}: {where}: expected a JSON object with a string field 'text'")
+                texts.append(check_text(value["text"], f"{what}: {where}: field 'text'"))
             return texts
         return [line for _, line in read_lines(path, what) if line.strip()]
     if name.startswith((".", "/", "~")):

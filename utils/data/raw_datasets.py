@@ -74,8 +74,7 @@ import numpy as np
 from utils.data import builtin_task as task
 from utils.data.pair_formats import UNUSABLE, rated_pairs, read_pair, relabelled
 from utils.data.prompting import text_prompt
-from utils.data.text_files import (GZIP_SUFFIX, UNREADABLE, check_text, data_suffix, open_bytes, read_lines, read_text,
-                                   regular_file)
+from utils.data.text_files import GZIP_SUFFIX, check_text, data_suffix, json_records, read_text, regular_file
 from utils.runtime.args import column_flag
 from utils.runtime.paths import cache_dir
 
@@ -122,45 +121,6 @@ def split_train_eval(n: int, seed: int, what: str) -> tuple[list[int], list[int]
     return perm[: n - n_eval], perm[n - n_eval:]
 
 
-def _json_rows(path: Path) -> list[tuple[Any, str]]:
-    """(value, where) for each record of a JSON array or JSON-lines file (utils.data.text_files reads it: UTF-8
-    only, a JSON-lines file a line at a time, each line at most MAX_LINE_BYTES)."""
-    regular_file(path)
-    try:
-        with open_bytes(path) as f:
-            start = f.read(4096)
-    except UNREADABLE as err:
-        raise DataError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
-    start = start.lstrip(b"\xef\xbb\xbf \t\r\n")  # after a byte-order mark and white space
-    if start.startswith(b"["):  # a JSON array, which may be one long line
-        return _parse_json_array(path, read_text(path))
-    records = []
-    # JSON lines end at "\n" only (read_lines): str.splitlines would also split at U+2028, U+0085... that JSON
-    # strings may hold.
-    for lineno, line in read_lines(path):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except RecursionError:
-            raise DataError(f"{path}: line {lineno}: JSON nested too deeply to read") from None
-        except json.JSONDecodeError as exc:
-            if not records and start.startswith(b"{") and _one_object(path):
-                raise DataError(f"{path}: one JSON object across several lines; expected a JSON array of rows "
-                                "([{...}, {...}]) or JSON lines (one row a line)") from None
-            raise DataError(f"{path}: malformed JSON on line {lineno} (column {exc.colno}): {exc.msg}") from None
-        records.append((value, f"row {len(records)} (line {lineno})"))
-    return records
-
-
-def _one_object(path: Path) -> bool:
-    """Whether the whole file is one JSON object (a pretty-printed `{"data": [...]}`, say)."""
-    try:
-        return isinstance(json.loads(read_text(path)), dict)
-    except (DataError, ValueError, RecursionError):
-        return False
-
-
 def _check_strings(value: Any, where: str) -> None:
     """Refuse a row whose fields hold a lone surrogate (a JSON `\\ud800` escape): naming the row's field."""
     if isinstance(value, dict):
@@ -177,19 +137,6 @@ def _check_strings_in(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for item in value:
             _check_strings_in(item, where)
-
-
-def _parse_json_array(path: Path, text: str) -> list[tuple[Any, str]]:
-    """(value, where) for each record of a JSON array's text."""
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise DataError(f"{path}: JSON nested too deeply to read") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-    if not isinstance(data, list):  # e.g. "[1] 2" cannot get here, but be safe
-        raise DataError(f"{path}: expected a JSON array of objects or JSON lines")
-    return [(value, f"row {i}") for i, value in enumerate(data)]
 
 
 def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
@@ -242,7 +189,7 @@ def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = N
         records = _csv_rows(path)
     else:
         try:
-            records = _json_rows(path)
+            records = json_records(path)
         except OSError as exc:
             raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     for value, where in records:

@@ -10,6 +10,7 @@ ends in one `DataError` naming the file and line, before anything tokenizes it:
 - a file whose name ends in `.gz` (HH-RLHF's `train.jsonl.gz`) is read through gzip (`open_bytes`).
 """
 import gzip
+import json
 import zlib
 from pathlib import Path
 
@@ -141,3 +142,57 @@ def check_text(text, where):
         raise DataError(f"{where} is not valid Unicode text: a lone surrogate \\u{ord(text[index]):04x} at "
                         f"character {index} (half of a UTF-16 pair, or bytes that are not UTF-8)")
     return text
+
+
+def json_records(path, what=None):
+    """(value, where) for each record of a JSON array or JSON-lines file, read as the functions above read text
+    (UTF-8 only, a JSON-lines file a line at a time, each line at most MAX_LINE_BYTES); `where` is `row i` in an
+    array, `row i (line n)` in JSON lines; DataError naming `what` (default the path) and the line otherwise."""
+    path = regular_file(path, what)
+    what = what or str(path)
+    try:
+        with open_bytes(path) as f:
+            start = f.read(4096)
+    except UNREADABLE as err:
+        raise DataError(f"{what}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+    start = start.lstrip(UTF8_BOM + b" \t\r\n")  # after a byte-order mark and white space
+    if start.startswith(b"["):  # a JSON array, which may be one long line
+        return _json_array(read_text(path, what), what)
+    records = []
+    # JSON lines end at "\n" only (read_lines): str.splitlines would also split at U+2028, U+0085... that JSON
+    # strings may hold.
+    for number, line in read_lines(path, what):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except RecursionError:
+            raise DataError(f"{what}: line {number}: JSON nested too deeply to read") from None
+        except json.JSONDecodeError as exc:
+            if not records and start.startswith(b"{") and _one_object(path, what):
+                raise DataError(f"{what}: one JSON object across several lines; expected a JSON array of rows "
+                                "([{...}, {...}]) or JSON lines (one row a line)") from None
+            raise DataError(f"{what}: malformed JSON on line {number} (column {exc.colno}): {exc.msg}") from None
+        records.append((value, f"row {len(records)} (line {number})"))
+    return records
+
+
+def _one_object(path, what):
+    """Whether the whole file is one JSON object (a pretty-printed `{"data": [...]}`, say)."""
+    try:
+        return isinstance(json.loads(read_text(path, what)), dict)
+    except (DataError, ValueError, RecursionError):
+        return False
+
+
+def _json_array(text, what):
+    """(value, where) for each record of a JSON array's text."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise DataError(f"{what}: JSON nested too deeply to read") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{what}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, list):  # e.g. "[1] 2" cannot get here, but be safe
+        raise DataError(f"{what}: expected a JSON array of objects or JSON lines")
+    return [(value, f"row {i}") for i, value in enumerate(data)]

@@ -1,5 +1,6 @@
 """Tests of utils/data/data_utils.py: data_split parsing and tiling, cached split indices, DS-Chat's phase/part
 semantics, answer-only labels, sample skipping and the three collators."""
+import json
 import random
 
 import numpy as np
@@ -707,10 +708,11 @@ def test_full_batch_sampler_repeats_the_first_indices_up_to_whole_batches(size, 
 
 @pytest.mark.parametrize("name, content, message", [
     ("unsup.txt", b"ok\n\xa6\xff\n", "not UTF-8 text (line 2, byte 3)"),
-    ("unsup.jsonl", b'{"text": 5}\n', "line 1: expected a JSON object with a string field 'text'"),
-    ("unsup.jsonl", b'{"text": "abc"}\n{"text": "ab\\ud800cd"}\n',
-     "line 2: field 'text' is not valid Unicode text: a lone surrogate"),
-    ("unsup.jsonl", b'{"text": "abc"\n', "line 1: malformed JSON"),
+    ("unsup.jsonl", b'{"text": 5}\n', "row 0 (line 1): expected a JSON object with a string field 'text'"),
+    ("unsup.jsonl", b'{"text": "abc"}\n\n{"text": "ab\\ud800cd"}\n',
+     "row 1 (line 3): field 'text' is not valid Unicode text: a lone surrogate"),
+    ("unsup.jsonl", b'{"text": "abc"\n', "malformed JSON on line 1"),
+    ("unsup.json", b'[{"text": "abc"}, ["abc"]]', "row 1: expected a JSON object with a string field 'text'"),
 ])
 def test_a_bad_unsupervised_file_is_one_error_naming_the_file_and_line(tmp_path, tiny_tokenizer, name, content,
                                                                        message):
@@ -721,6 +723,17 @@ def test_a_bad_unsupervised_file_is_one_error_naming_the_file_and_line(tmp_path,
     with pytest.raises(DataError) as err:
         create_unsupervised_dataset(str(path), None, tiny_tokenizer, 4, 1234)
     assert str(err.value).startswith(f"--unsupervised_dataset_name {path}: {message}")
+
+
+def test_an_unsupervised_json_array_reads_as_its_json_lines_do(tmp_path, tiny_tokenizer):
+    from utils.data.data_utils import create_unsupervised_dataset
+
+    texts = [f"document {i} " + "word " * 12 for i in range(3)]
+    array, lines = tmp_path / "unsup.json", tmp_path / "unsup.jsonl"
+    array.write_text(json.dumps([{"text": text} for text in texts], indent=2), encoding="utf-8")
+    lines.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    blocks = [create_unsupervised_dataset(str(path), None, tiny_tokenizer, 8, 1234) for path in (array, lines)]
+    assert len(blocks[0]) > 0 and list(blocks[0]) == list(blocks[1])
 
 
 def test_an_unsupervised_file_with_a_bom_reads_and_its_special_token_text_is_text(tmp_path, tiny_tokenizer):
