@@ -19,7 +19,7 @@ from utils.data.data_utils import get_raw_dataset
 from utils.data.prompting import model_prompt
 from utils.data.raw_datasets import builtin_data_dir
 from utils.data.reasoning_gym_data import gym_data
-from utils.data.text_files import check_text, read_lines
+from utils.data.text_files import check_text, json_value, read_lines
 from utils.rl.reward_fns import call_reward_fn
 from utils.runtime.args import BATCH_SIZE
 from utils.runtime.errors import DataError
@@ -171,7 +171,7 @@ def read_prompts_file(path):
     prompts = []
     for number, line in lines:
         try:
-            record = json.loads(line)
+            record = json_value(line, f"{path} line {number}")
         except json.JSONDecodeError as err:
             raise DataError(f"{path} line {number}: not valid JSON ({err.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"].strip():

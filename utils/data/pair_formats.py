@@ -83,6 +83,7 @@ from collections.abc import Callable
 from typing import Any
 
 from utils.data.prompting import dialogue_system, dialogue_text, has_speaker_mark, parse_dialogue, with_system
+from utils.data.text_files import json_value
 from utils.runtime.errors import DataError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -392,7 +393,8 @@ def _arena_lists(value: dict, where: str) -> dict:
     turns = {}
     for field in ARENA_LISTS:
         try:
-            turns[field] = json.loads(value[field]) if isinstance(value[field], str) else value[field]
+            turns[field] = (json_value(value[field], f"{where}: field '{field}'") if isinstance(value[field], str)
+                            else value[field])
         except json.JSONDecodeError:
             turns[field] = None
         if not (isinstance(turns[field], list) and turns[field]
@@ -541,7 +543,7 @@ def _sharegpt(value: Any, where: str, field: str, conversation: bool = True) -> 
         if isinstance(message, dict) and "from" in message:
             if message["from"] in SHAREGPT_TOOLS:
                 raise Unusable("the conversation holds tool calls or tool results")
-            role = SHAREGPT_ROLES.get(message["from"])
+            role = SHAREGPT_ROLES.get(message["from"]) if isinstance(message["from"], str) else None
             if role is None:
                 raise DataError(f"{where}: field '{field}', message {index}: speaker {message['from']!r} is none of "
                                 f"{', '.join(SHAREGPT_ROLES)}")
@@ -614,7 +616,8 @@ def _unpaired(value: dict, where: str) -> dict[str, str | None]:
 def _labelled(value: dict, where: str) -> dict[str, str | None]:
     """A prompt with one answer (`completion`) labelled desirable (`label` true: the row's chosen) or undesirable
     (false: its rejected, with no chosen)."""
-    label = LABELS.get(value["label"].strip().lower() if isinstance(value["label"], str) else value["label"])
+    key = value["label"].strip().lower() if isinstance(value["label"], str) else value["label"]
+    label = LABELS.get(key) if isinstance(key, (str, int, float)) else None  # a list or an object is no label
     if not isinstance(label, bool):
         raise DataError(f"{where}: field 'label' must be true (a desirable completion) or false (an undesirable one), "
                         f"got {value['label']!r}")

@@ -74,7 +74,8 @@ import numpy as np
 from utils.data import builtin_task as task
 from utils.data.pair_formats import UNUSABLE, rated_pairs, read_pair, relabelled
 from utils.data.prompting import text_prompt
-from utils.data.text_files import GZIP_SUFFIX, check_text, data_suffix, json_records, read_text, regular_file
+from utils.data.text_files import (GZIP_SUFFIX, MAX_LINE_BYTES, check_text, data_suffix, json_records, read_text,
+                                   regular_file)
 from utils.runtime.args import column_flag
 from utils.runtime.paths import cache_dir
 
@@ -157,6 +158,7 @@ def _csv_rows(path: Path) -> list[tuple[Any, str]]:
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if data_suffix(path) == ".tsv" else ",",
                             strict=True)  # a stray quote is an error, not two rows read as one
     records = []
+    previous = csv.field_size_limit(MAX_LINE_BYTES)  # a field as long as a JSON line may be (csv's own: 128 KiB)
     try:
         twice = sorted({name for name in reader.fieldnames or () if reader.fieldnames.count(name) > 1})
         if twice:
@@ -170,6 +172,8 @@ def _csv_rows(path: Path) -> list[tuple[Any, str]]:
     except csv.Error as err:
         # line_num counts the lines of the rows read whole: the row that failed starts on the next
         raise DataError(f"{path}: malformed CSV on line {reader.line_num + 1}: {err}") from None
+    finally:
+        csv.field_size_limit(previous)
     return records
 
 

@@ -11,6 +11,7 @@ ends in one `DataError` naming the file and line, before anything tokenizes it:
 """
 import gzip
 import json
+import sys
 import zlib
 from pathlib import Path
 
@@ -144,6 +145,20 @@ def check_text(text, where):
     return text
 
 
+def json_value(text, what):
+    """json.loads(text) for text the user handed over. Malformed JSON raises json.JSONDecodeError, for the caller to
+    say where; JSON nested deeper than Python's parser goes, and a number of more digits than Python converts
+    (sys.get_int_max_str_digits: 4,300), are a DataError naming `what`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise DataError(f"{what}: JSON nested too deeply to read") from None
+    except ValueError:  # int("1" * 5000): Python's limit on converting long digit strings
+        raise DataError(f"{what}: a number of more than {sys.get_int_max_str_digits()} digits") from None
+
+
 def json_records(path, what=None):
     """(value, where) for each record of a JSON array or JSON-lines file, read as the functions above read text
     (UTF-8 only, a JSON-lines file a line at a time, each line at most MAX_LINE_BYTES); `where` is `row i` in an
@@ -165,9 +180,7 @@ def json_records(path, what=None):
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
-        except RecursionError:
-            raise DataError(f"{what}: line {number}: JSON nested too deeply to read") from None
+            value = json_value(line, f"{what}: line {number}")
         except json.JSONDecodeError as exc:
             if not records and start.startswith(b"{") and _one_object(path, what):
                 raise DataError(f"{what}: one JSON object across several lines; expected a JSON array of rows "
@@ -188,9 +201,7 @@ def _one_object(path, what):
 def _json_array(text, what):
     """(value, where) for each record of a JSON array's text."""
     try:
-        data = json.loads(text)
-    except RecursionError:
-        raise DataError(f"{what}: JSON nested too deeply to read") from None
+        data = json_value(text, what)
     except json.JSONDecodeError as exc:
         raise DataError(f"{what}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     if not isinstance(data, list):  # e.g. "[1] 2" cannot get here, but be safe

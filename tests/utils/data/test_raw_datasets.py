@@ -484,6 +484,17 @@ def test_csv_and_tsv_files_read_their_header_columns(tmp_path):
         rd.read_local_split(tmp_path / "ragged.csv")
 
 
+def test_a_csv_field_longer_than_csvs_own_limit_reads_as_a_json_line_would(tmp_path):
+    """A 200 KB prompt (a long document to summarise): csv stops at 128 KiB a field unless told otherwise."""
+    import csv
+
+    long_prompt = " Human: " + "word " * 40000 + "Assistant:"
+    (tmp_path / "long.csv").write_text(f'prompt,chosen,rejected\n"{long_prompt}", yes, no\n')
+    limit = csv.field_size_limit()
+    assert rd.read_local_split(tmp_path / "long.csv").to_list()[0]["prompt"] == long_prompt
+    assert csv.field_size_limit() == limit  # the process's limit as it was
+
+
 def test_columns_named_as_common_words_reach_the_rows_columns(tmp_path):
     """A user's columns called row_columns or unusable are columns like any other: read_rows' own are named apart."""
     row = {"prompt": " Human: q Assistant:", "chosen": " a", "rejected": " b", "row_columns": "x", "unusable": "y"}
