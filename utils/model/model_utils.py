@@ -12,6 +12,8 @@ from utils.runtime.errors import ConfigError
 
 BUILTIN_MODELS = ("tiny", "smollm2-135m")
 REWARD_MODEL_KEY = "chatrlhf_reward_model"
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+"""Weight files that are pickles (PyTorch's `pytorch_model.bin`...): load_pretrained never reads them."""
 
 
 def resolve_model_path(name_or_path):
@@ -57,6 +59,8 @@ def read_json_object(path, what):
     file if it cannot be read or holds anything else."""
     try:
         value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ConfigError(f"{path} cannot be read as JSON (nested too deeply)") from None
     except (OSError, ValueError) as err:
         raise ConfigError(f"{path} cannot be read as JSON ({one_line_error(err)})") from None
     if not isinstance(value, dict):
@@ -99,6 +103,10 @@ def load_tokenizer(path, trust_remote_code=False, padding_side="right"):
         raise ConfigError(f"model folder {path}: its tokenizer cannot be loaded ({one_line_error(err)})") from None
     if tokenizer.eos_token_id is None:
         raise ConfigError(f"the tokenizer of {path} has no eos token; answers could never end")
+    context = tokenizer.model_max_length
+    if isinstance(context, bool) or not isinstance(context, (int, float)) or not context > 0:
+        raise ConfigError(f"model folder {path}: tokenizer_config.json's 'model_max_length' must be a number of "
+                          f"tokens, got {context!r}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
@@ -163,9 +171,16 @@ def load_pretrained(model_class, path, dropped=(), **kwargs):
     unreadable config or weights file, no weights, and weights that do not fit the model its config describes
     (a config.json of another architecture: the model's weights missing from the folder would stay random, the
     folder's unused ones would be dropped, silently). `dropped`: name prefixes of folder weights the model is
-    meant to leave out."""
+    meant to leave out. Weights load from safetensors only: a pickle (`pytorch_model.bin`) can run code as it is
+    read, so a folder holding only pickled weights is refused, as are weights with NaN or infinite values."""
+    pickles = [] if any(Path(path).glob("*.safetensors")) else sorted(
+        file.name for pattern in PICKLED_WEIGHTS for file in Path(path).glob(pattern))
+    if pickles:
+        raise ConfigError(f"model folder {path}: its weights are a pickle ({pickles[0]}), which is never loaded "
+                          "(reading a pickle can run code); where you trust it, load it once and save it as "
+                          "safetensors (model.save_pretrained(folder))")
     try:
-        model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+        model, info = model_class.from_pretrained(path, output_loading_info=True, use_safetensors=True, **kwargs)
     except Exception as err:  # a truncated or garbage weights file, none at all: name the folder
         raise ConfigError(f"model folder {path}: its weights cannot be loaded ({one_line_error(err)})") from None
     missing = sorted(info["missing_keys"])
@@ -176,6 +191,13 @@ def load_pretrained(model_class, path, dropped=(), **kwargs):
         raise ConfigError(f"model folder {path}: its weights do not fit the {type(model).__name__} its config.json "
                           f"describes: {len(missing)} of the model's weights missing from the folder, {len(unused)} "
                           f"of the folder's unused ({example}); is config.json the weights' own?")
+    import torch
+
+    with torch.no_grad():
+        broken = next((name for name, weight in model.named_parameters()
+                       if weight.numel() and not torch.isfinite(weight).all()), None)
+    if broken:
+        raise ConfigError(f"model folder {path}: its weights hold NaN or infinite values (e.g. {broken})")
     return model
 
 

@@ -23,6 +23,23 @@ from utils.runtime.progress import progress
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
+def _saved_entry(saved, path):
+    """config.json's REWARD_MODEL_KEY entry of the reward-model folder `path`, checked: a JSON object whose
+    `value_head` is a file name in the folder, `num_padding_at_beginning` a count, `base_model` a name (each
+    optional); a ConfigError naming the file and key otherwise."""
+    where = f"{Path(path) / 'config.json'}: '{REWARD_MODEL_KEY}'"
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{where} must be a JSON object (step 2 writes it), not a {type(saved).__name__}")
+    head, padding, base = (saved.get(key) for key in ("value_head", "num_padding_at_beginning", "base_model"))
+    if head is not None and not (isinstance(head, str) and head and Path(head).name == head):
+        raise ConfigError(f"{where}: 'value_head' must be the name of a file in the folder, got {head!r}")
+    if padding is not None and (isinstance(padding, bool) or not isinstance(padding, int) or padding < 0):
+        raise ConfigError(f"{where}: 'num_padding_at_beginning' must be a count (0 or more), got {padding!r}")
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"{where}: 'base_model' must be a model's name, got {base!r}")
+    return saved
+
+
 class RewardModel(nn.Module):
     always_trainable = ("v_head.",)  # trained even under --only_optimize_lora (see utils.model.lora)
 
@@ -48,7 +65,7 @@ class RewardModel(nn.Module):
         backbone = create_hf_model(AutoModel, path, tokenizer, ds_config, dropout, trust_remote_code)
         if not is_reward_model_folder(path):
             return cls(backbone, num_padding_at_beginning, base_model_name=str(path))
-        saved = getattr(backbone.config, REWARD_MODEL_KEY)
+        saved = _saved_entry(getattr(backbone.config, REWARD_MODEL_KEY), path)
         model = cls(backbone, saved.get("num_padding_at_beginning", num_padding_at_beginning),
                     saved.get("base_model"))
         head_file = Path(path) / saved.get("value_head", VALUE_HEAD_FILE)
@@ -57,8 +74,9 @@ class RewardModel(nn.Module):
         except Exception as err:  # missing, truncated, not safetensors
             raise ConfigError(f"{head_file} cannot be loaded ({one_line_error(err)})") from None
         if head.get("weight") is None or head["weight"].shape != model.v_head.weight.shape:
-            raise ConfigError(f"{path}/{VALUE_HEAD_FILE} does not hold a value head of shape "
-                              f"{tuple(model.v_head.weight.shape)}")
+            raise ConfigError(f"{head_file} does not hold a value head of shape {tuple(model.v_head.weight.shape)}")
+        if not torch.isfinite(head["weight"]).all():
+            raise ConfigError(f"{head_file}: the value head holds NaN or infinite values")
         with torch.no_grad():
             model.v_head.weight.copy_(head["weight"])
         return model
