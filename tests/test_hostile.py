@@ -150,6 +150,54 @@ CASES = [
          ("{tmp}/deep.jsonl: line 9: JSON nested too deeply to read",)),
     Case("step1 a JSON array nested past the parser's depth", "step1", [*STEP1, "--data_path", "{tmp}/deep.json"],
          ("{tmp}/deep.json: JSON nested too deeply to read",)),
+    Case("step1 a number of 5,000 digits in a JSON line (was: a ValueError traceback)", "step1",
+         [*STEP1, "--data_path", "{tmp}/bigint.jsonl"], ("{tmp}/bigint.jsonl: line 6: a number of more than 4300",)),
+    Case("step1 a number of 5,000 digits in a JSON array", "step1", [*STEP1, "--data_path", "{tmp}/bigint.json"],
+         ("{tmp}/bigint.json: a number of more than 4300 digits",)),
+    Case("step1 an arena row whose turns' JSON is nested past the parser's depth", "step1",
+         [*STEP1, "--data_path", "{tmp}/arena_deep.jsonl"],
+         ("{tmp}/arena_deep.jsonl: row 1 (line 2): field 'response_a': JSON nested too deeply to read",)),
+    Case("step1 a KTO label that is a list (was: unhashable type)", "step1",
+         [*STEP1, "--data_path", "{tmp}/kto_list_label.jsonl"],
+         ("{tmp}/kto_list_label.jsonl: row 2 (line 3): field 'label' must be true",)),
+    Case("step1 a ShareGPT speaker that is a list (was: unhashable type)", "step1",
+         [*STEP1, "--data_path", "{tmp}/sharegpt_list_speaker.jsonl"],
+         ("{tmp}/sharegpt_list_speaker.jsonl: row 0 (line 1): field 'conversations', message 0: speaker ['human']",)),
+    Case("step1 weights only as a pickle (was: unpickled and trained)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--model_name_or_path", "{tmp}/model"],
+         ("model folder {tmp}/model: its weights are a pickle (pytorch_model.bin), which is never loaded",),
+         setup="pickled weights"),
+    Case("step1 --output_dir holding someone's files (was: README.md, config.json replaced, vocab_list.txt gone)",
+         "step1", [*STEP1, "--data_path", "{tmp}/good", "--output_dir", "{tmp}/userdir"],
+         ("--output_dir: {tmp}/userdir holds files the trained model's save would replace (README.md, config.json, "
+          "vocab_list.txt)",)),
+    Case("step1 --output_dir holding someone's files, with --overwrite_output_dir", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--output_dir", "{out}", "--overwrite_output_dir"],
+         succeeds="model saved beside notes", setup="someone's files in out"),
+    Case("step1 --output_dir a link to itself (was: a RuntimeError traceback)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--output_dir", "{tmp}/loop_out"],
+         ("--output_dir {tmp}/loop_out: a link that loops",)),
+    Case("step1 --output_dir whose name leaves no room for a save's temporary names (was: the model lost)",
+         "step1", [*STEP1, "--data_path", "{tmp}/good", "--output_dir", "{tmp}/" + "p" * 240],
+         ("its name is 240 bytes long; at most 229",)),
+    Case("step3 --unsupervised_dataset_name nested past the parser's depth", "step3",
+         [*STEP3, "--reward_fn", "builtin", "--unsupervised_dataset_name", "{tmp}/unsup_deep.jsonl"],
+         ("--unsupervised_dataset_name {tmp}/unsup_deep.jsonl: line 1: JSON nested too deeply to read",)),
+    Case("chat a model whose weights hold a NaN (was: answered)", "chat", ["--path", "{tmp}/model", "--prompt", "hi"],
+         ("model folder {tmp}/model: its weights hold NaN or infinite values",), setup="NaN weights"),
+    Case("chat a model whose weights are a pickle", "chat", ["--path", "{tmp}/model", "--prompt", "hi"],
+         ("its weights are a pickle (pytorch_model.bin)",), setup="pickled weights"),
+    Case("chat a tokenizer whose model_max_length is a word (was: a TypeError traceback)", "chat",
+         ["--path", "{tmp}/model", "--prompt", "hi"],
+         ("tokenizer_config.json's 'model_max_length' must be a number of tokens, got 'many'",),
+         setup="context a word"),
+    Case("chat a config.json nested past the parser's depth", "chat", ["--path", "{tmp}/model", "--prompt", "hi"],
+         ("{tmp}/model/config.json cannot be read as JSON (nested too deeply)",), setup="deep config"),
+    Case("rw_eval a reward-model entry that is not an object (was: AttributeError)", "rw_eval",
+         ["--model_name_or_path", "{tmp}/model"],
+         ("{tmp}/model/config.json: 'chatrlhf_reward_model' must be a JSON object",), setup="reward entry true"),
+    Case("rw_eval a value head named by a number (was: TypeError)", "rw_eval", ["--model_name_or_path", "{tmp}/model"],
+         ("'value_head' must be the name of a file in the folder, got 5",), setup="reward head a number"),
     Case("step1 a data folder whose train.json is a folder", "step1", [*STEP1, "--data_path", "{tmp}/dir_split"],
          ("{tmp}/dir_split/train.json is a folder, not a file",)),
     Case("step1 a data folder whose train.json links to itself", "step1", [*STEP1, "--data_path", "{tmp}/loop_split"],
@@ -318,6 +366,11 @@ CASES = [
     Case("prompt_eval --prompts_file with a lone surrogate", "prompt_eval",
          [*PROMPT_EVAL, "--prompts_file", "{tmp}/prompts_surrogate.jsonl"],
          ("{tmp}/prompts_surrogate.jsonl line 2: field 'prompt' is not valid Unicode text",)),
+    Case("prompt_eval --prompts_file nested past the parser's depth (was: a RecursionError traceback)",
+         "prompt_eval", [*PROMPT_EVAL, "--prompts_file", "{tmp}/prompts_deep.jsonl"],
+         ("{tmp}/prompts_deep.jsonl line 1: JSON nested too deeply to read",)),
+    Case("prompt_eval --output_json a link to itself (was: a RuntimeError traceback)", "prompt_eval",
+         [*PROMPT_EVAL, "--output_json", "{tmp}/loop_out"], ("--output_json {tmp}/loop_out: a link that loops",)),
     Case("prompt_eval --reward_fn calling sys.exit(0)", "prompt_eval",
          [*PROMPT_EVAL, "--reward_fn", "{tmp}/rewards.py:exits"],
          ("the reward function --reward_fn {tmp}/rewards.py:exits", "SystemExit")),
@@ -391,6 +444,23 @@ def write_hostile_data(tmp):
     prompts = [{"prompt": " Human: What is 1 + 2? Assistant:"}] * 2
     write_jsonl(tmp / "prompts.jsonl", prompts)
     (tmp / "prompts_utf16.txt").write_bytes(" Human: What is 1 + 2? Assistant:\n".encode("utf-16"))
+    big = json.dumps(GOOD_ROW)[:-1] + ', "id": ' + "1" * 5000 + "}"  # past Python's 4,300-digit int conversion
+    (tmp / "bigint.jsonl").write_text("\n".join(lines[:5] + [big] + lines[:3]) + "\n")
+    (tmp / "bigint.json").write_text("[" + ", ".join(lines[:5] + [big]) + "]")
+    arena = {"prompt": '["q"]', "response_a": "[" * 100000 + "]" * 100000, "response_b": '["b"]',
+             "winner_model_a": 1, "winner_model_b": 0, "winner_tie": 0}
+    (tmp / "arena_deep.jsonl").write_text("\n".join([lines[0], json.dumps(arena)] + lines[:6]) + "\n")
+    kto = {"prompt": GOOD_ROW["prompt"], "completion": " 3", "label": [True]}
+    (tmp / "kto_list_label.jsonl").write_text("\n".join(lines[:2] + [json.dumps(kto)] + lines[:5]) + "\n")
+    chat = {"conversations": [{"from": ["human"], "value": "hi"}, {"from": "gpt", "value": "3"}]}
+    (tmp / "sharegpt_list_speaker.jsonl").write_text("\n".join([json.dumps(chat)] * 8) + "\n")
+    (tmp / "prompts_deep.jsonl").write_text('{"prompt": "x", "extra": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    (tmp / "unsup_deep.jsonl").write_text('{"text": "x", "extra": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    (tmp / "userdir").mkdir()  # someone's folder: a save there would replace three of these
+    for name, text in (("README.md", "my notes"), ("config.json", '{"my": "app config"}'),
+                       ("vocab_list.txt", "words"), ("notes.txt", "kept either way")):
+        (tmp / "userdir" / name).write_text(text)
+    (tmp / "loop_out").symlink_to("loop_out")
     (tmp / "prompts_surrogate.jsonl").write_text(json.dumps(prompts[0]) + "\n"
                                                  + json.dumps(prompts[0]).replace("1 + 2", "\\udc80") + "\n")
 
@@ -465,9 +535,56 @@ def checkpoint_behind_a_symlink(tmp, out, monkeypatch, actor):
     monkeypatch.chdir(tmp)
 
 
+def someones_files_in_out(tmp, out, monkeypatch, actor):
+    shutil.copytree(tmp / "userdir", out)
+
+
+def model_folder(change):
+    """A setup: a copy of the actor in {tmp}/model, changed by `change(folder)`."""
+    def setup(tmp, out, monkeypatch, actor):
+        shutil.copytree(actor, tmp / "model")
+        change(tmp / "model")
+    return setup
+
+
+def pickled_weights(folder):
+    """The weights as PyTorch's pickle (pytorch_model.bin) alone: written by torch.save, as old hub models are."""
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+def nan_weights(folder):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    next(iter(weights.values()))[0] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def config_entry(key, value, file="config.json"):
+    def change(folder):
+        config = json.loads((folder / file).read_text())
+        (folder / file).write_text(json.dumps({**config, key: value}))
+    return change
+
+
+def deep_config(folder):
+    text = (folder / "config.json").read_text().rstrip()[:-1]
+    (folder / "config.json").write_text(text + ', "deep": ' + "[" * 100000 + "]" * 100000 + "}")
+
+
 SETUPS = {"lock out": hold_lock, "disk full for writes": disk_full_for_writes,
           "disk full for weights": disk_full_for_weights, "checkpoint of a moved run": checkpoint_of_a_moved_run,
-          "checkpoint behind a symlink": checkpoint_behind_a_symlink}
+          "checkpoint behind a symlink": checkpoint_behind_a_symlink,
+          "someone's files in out": someones_files_in_out,
+          "pickled weights": model_folder(pickled_weights), "NaN weights": model_folder(nan_weights),
+          "deep config": model_folder(deep_config),
+          "context a word": model_folder(config_entry("model_max_length", "many", "tokenizer_config.json")),
+          "reward entry true": model_folder(config_entry("chatrlhf_reward_model", True)),
+          "reward head a number": model_folder(config_entry("chatrlhf_reward_model", {"value_head": 5}))}
 
 
 class HugeLine(io.RawIOBase):
@@ -506,6 +623,11 @@ def model_saved(out, stdout, stderr):
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
 
 
+def model_saved_beside_notes(out, stdout, stderr):
+    model_saved(out, stdout, stderr)
+    assert (out / "notes.txt").read_text() == "kept either way"  # a file no save replaces stays
+
+
 def resumed(out, stdout, stderr):
     assert "resumed from" in stdout, stdout
     model_saved(out, stdout, stderr)
@@ -524,7 +646,7 @@ def weights_kept_elsewhere(out, stdout, stderr):
     assert (kept / "model.safetensors").is_file() and (kept / "config.json").is_file(), kept
 
 
-CHECKS = {"model saved": model_saved, "resumed": resumed, "two answers": two_answers, "one answer": one_answer,
+CHECKS = {"model saved": model_saved, "model saved beside notes": model_saved_beside_notes, "resumed": resumed, "two answers": two_answers, "one answer": one_answer,
           "weights kept elsewhere": weights_kept_elsewhere}
 
 

@@ -10,6 +10,12 @@ from utils.runtime.errors import ConfigError, on_exit
 # Left by an interrupted write: make_temp_dir_beside's `.<name>.<8 characters>.tmp`, write_file_atomic's
 # `.<name>.<pid>.tmp`, and `.<name>.old` (a model folder swapped by an earlier version).
 TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.tmp|old|\d+\.tmp)")
+NAME_MAX = 255
+"""The longest file name (in bytes) most file systems take."""
+NAME_MARGIN = 26
+"""What the temporary names a save makes from an output's name add to it: make_temp_dir_beside's `.<name>.<8
+characters>.tmp` 14, write_file_atomic's `.<name>.<pid>.tmp` at most 13, and the folder a save that failed writes
+the model into instead, `chatrlhf-unsaved-<name>-<8 characters>` (utils/model/save.py), 26."""
 
 
 def cache_dir() -> Path:
@@ -171,6 +177,8 @@ def claim_folder(out, flag="--output_dir", inputs=None, model_dirs=None, files=N
     utils.trainer.checkpoint.claim_output_dir, which adds their checkpoints' rules).
     """
     out = Path(out)
+    for path in [out, *(model_dirs or ()), *(files or ())]:
+        check_output_path(flag, path)
     written = [(Path(path), False) for path in (model_dirs or ([] if files else [out]))]
     written += [(Path(path), True) for path in files or []]
     for input_flag, path in (inputs.items() if isinstance(inputs, dict) else inputs or ()):
@@ -218,11 +226,25 @@ def probe_write(folder):
     tempfile.TemporaryFile(dir=folder).close()
 
 
+def check_output_path(flag, path):
+    """Refuse, before any work, an output path no save could finish in: a link that loops, or a name so long that
+    the temporary names a save makes from it (NAME_MARGIN more) would pass NAME_MAX."""
+    try:
+        Path(path).resolve()
+    except (OSError, RuntimeError):  # Python before 3.13: RuntimeError("Symlink loop from ...")
+        raise ConfigError(f"{flag} {path}: a link that loops") from None
+    length = len(os.fsencode(Path(path).resolve().name))
+    if length > NAME_MAX - NAME_MARGIN:
+        raise ConfigError(f"{flag} {path}: its name is {length} bytes long; at most {NAME_MAX - NAME_MARGIN} leave "
+                          "room for the temporary names a save writes beside it")
+
+
 def check_output_file(flag, path):
     """Refuse an output file whose folder does not exist or cannot be written, or that is a folder, before any
     work that would be lost at the end."""
     if not path:
         return
+    check_output_path(flag, path)
     parent = Path(path).resolve().parent
     if parent.exists() and not parent.is_dir():
         raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder")

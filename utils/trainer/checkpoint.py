@@ -27,6 +27,7 @@ on a file system every rank sees (as DeepSpeed's own checkpoints assume). Own st
 never pickle (DeepSpeed's engine files are its own `torch.save` format).
 """
 import contextlib
+import fnmatch
 import json
 import os
 import random
@@ -39,7 +40,8 @@ import numpy as np
 import torch
 
 from utils.data.data_utils import KNOWN_NAMES
-from utils.model.save import gather_state_dict, load_safetensors, release_prefetched, save_safetensors
+from utils.model.save import (MODEL_FILE_PATTERNS, TRAINING_SETTINGS, gather_state_dict, load_safetensors,
+                              release_prefetched, save_safetensors)
 from utils.runtime.dist import barrier, print_rank_0
 from utils.runtime.errors import ChatRLHFError, ConfigError, error_line, interrupt_hint, interrupts_deferred, on_exit
 from utils.runtime.paths import (claim_folder, delete_leftovers, make_temp_dir_beside, replace_dir,
@@ -211,10 +213,26 @@ def claim_output_dir(args, inputs=None, model_dirs=None):
         raise ConfigError(message)
 
 
+def _check_replaceable(folder, overwrite):
+    """Refuse a folder the run saves a model into that holds files the save would replace (MODEL_FILE_PATTERNS: a
+    config.json, a README.md, vocab files...) but no model of this project's (its TRAINING_SETTINGS): someone
+    else's model or files, not an earlier run's output. --overwrite_output_dir lets the save replace them."""
+    if overwrite or not folder.is_dir() or (folder / TRAINING_SETTINGS).is_file():
+        return
+    replaced = sorted(path.name for path in folder.iterdir()
+                      if any(fnmatch.fnmatch(path.name, pattern) for pattern in MODEL_FILE_PATTERNS))
+    if replaced:
+        raise ConfigError(f"--output_dir: {folder} holds files the trained model's save would replace "
+                          f"({', '.join(replaced[:4])}{', ...' if len(replaced) > 4 else ''}) and no model of an "
+                          "earlier run; pick another --output_dir, or pass --overwrite_output_dir to replace them")
+
+
 def _claim_output_dir(out, resume, overwrite, inputs, model_dirs):
     claim_folder(out, "--output_dir", {flag: path for flag, path in inputs.items() if Path(path).is_dir()},
                  model_dirs=model_dirs or [out], scratch=(HISTORY, PARTIAL_HISTORY))
     on_exit(lambda: interrupt_hint(None))
+    for folder in model_dirs or [out]:
+        _check_replaceable(Path(folder), overwrite)
     root = out / CHECKPOINTS
     earlier = checkpoints_in(root)
     if earlier and not resume:
