@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -118,13 +119,14 @@ def _index(field: str, first: object = 0) -> Callable[[dict, str], int | None]:
 
 
 def _as_number(value: Any) -> float | None:
-    """`value` as a number (not a bool, not NaN; a CSV file's text of one), None where it is none."""
+    """`value` as a finite number (not a bool, not NaN or infinite; a CSV file's text of one), None where it is
+    none."""
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
             return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return value
 
@@ -238,9 +240,10 @@ def rated_pairs(records: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
     if rating is None or not set(RATED_ANSWERS) <= fields or fields & {"chosen", "rejected", "completion"}:
         return records
     answers: dict[str, list[int]] = {}
-    for index, (value, _) in enumerate(records):
+    for index, (value, where) in enumerate(records):
         if isinstance(value.get("prompt"), str) and isinstance(value.get("response"), str) and \
-                _as_number(value.get(rating)) is not None:
+                value.get(rating) is not None:
+            _number(value, rating, where, " (the answer's rating)")
             answers.setdefault(value["prompt"], []).append(index)
     grouped, done = [], set()
     for index, (value, where) in enumerate(records):

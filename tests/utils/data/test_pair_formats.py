@@ -676,6 +676,11 @@ def test_rated_answers_to_one_prompt_are_a_pair_of_the_best_and_the_worst(tmp_pa
     assert "judged equal (a tie)" in read[1][UNUSABLE]
     assert rd.read_local_split(path, {"chosen": "response"}).to_list()[0]["chosen"] == "Four."  # read as named
     assert not {"helpfulness", "correctness"} & set(json.loads(read[0][rd.ROW_COLUMNS]))  # the answers' own
+    rows[1]["helpfulness"] = rows[0]["helpfulness"] = float("inf")  # json writes Infinity, which it reads back
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError, match=r"row 0 \(line 1\): field 'helpfulness' must be a number \(the answer's "
+                                        r"rating\), got inf"):  # before: blamed 'preference_strength'
+        rd.read_local_split(path)
 
 
 def test_helpsteer2_multi_turn_prompts_in_nemo_markup_are_read_as_their_turns(tmp_path):
