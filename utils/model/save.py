@@ -10,7 +10,7 @@ from pathlib import Path
 from utils.model.lora import fuse_lora_state_dict, has_lora
 from utils.model.model_utils import read_json_object
 from utils.runtime.dist import barrier
-from utils.runtime.errors import ChatRLHFError, error_line, interrupts_deferred
+from utils.runtime.errors import ChatRLHFError, ConfigError, error_line, interrupts_deferred
 from utils.runtime.paths import honour_umask, make_temp_dir_beside, replace_dir
 from utils.runtime.progress import is_rank_0
 
@@ -143,10 +143,10 @@ def read_training_settings(folder):
 def trained_sequence_length(folder):
     """The longest prompt + answer the model in `folder` was trained on, from its saved settings: --max_seq_len
     (steps 1, 2, DPO), else --max_prompt_seq_len + --max_answer_seq_len (step 3); None without saved settings."""
-    settings = read_training_settings(folder)
-    if isinstance(settings.get("max_seq_len"), int):
+    settings = _lengths(folder)
+    if settings.get("max_seq_len"):
         return settings["max_seq_len"]
-    if isinstance(settings.get("max_prompt_seq_len"), int) and isinstance(settings.get("max_answer_seq_len"), int):
+    if settings.get("max_prompt_seq_len") and settings.get("max_answer_seq_len"):
         return settings["max_prompt_seq_len"] + settings["max_answer_seq_len"]
     return None
 
@@ -155,12 +155,31 @@ def trained_answer_length(folder, longest_prompt=0):
     """The longest answer the model in `folder` was trained to write, from its saved settings: step 3's
     --max_answer_seq_len, else --max_seq_len - longest_prompt (steps 1 and DPO fit prompt + answer in
     --max_seq_len), at least 1; None for a folder without saved settings."""
-    settings = read_training_settings(folder)
-    if isinstance(settings.get("max_answer_seq_len"), int):
+    settings = _lengths(folder)
+    if settings.get("max_answer_seq_len"):
         return settings["max_answer_seq_len"]
-    if isinstance(settings.get("max_seq_len"), int):
+    if settings.get("max_seq_len"):
         return max(1, settings["max_seq_len"] - longest_prompt)
     return None
+
+
+LENGTH_SETTINGS = ("max_seq_len", "max_prompt_seq_len", "max_answer_seq_len")
+
+
+def _lengths(folder):
+    """The LENGTH_SETTINGS the model in `folder` was trained with, those its TRAINING_SETTINGS hold as numbers of
+    tokens; a ConfigError naming the file and key for any other number or a bool (a string, such as `auto`
+    written by hand, is no length and is left out)."""
+    settings = read_training_settings(folder)
+    lengths = {}
+    for key in LENGTH_SETTINGS:
+        value = settings.get(key)
+        if isinstance(value, bool) or (isinstance(value, (int, float)) and not (isinstance(value, int) and value > 0)):
+            raise ConfigError(f"{Path(folder) / TRAINING_SETTINGS}: '{key}' must be a number of tokens (1 or more), "
+                              f"got {value!r}")
+        if isinstance(value, int):
+            lengths[key] = value
+    return lengths
 
 
 class atomic_dir:
