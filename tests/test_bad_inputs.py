@@ -254,6 +254,21 @@ CASES = [
     Case("step1 --deepspeed_config with NaN (was: clipping silently off)", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_nan.json"],
          ("--deepspeed_config {tmp}/ds_nan.json: NaN is not a number (a value it cannot mean)",)),
+    Case("step1 --deepspeed_config gradient_clipping a string (was: a TypeError after step 1)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_clipping.json"],
+         ("--deepspeed_config {tmp}/ds_clipping.json: gradient_clipping must be a number",)),
+    Case("step1 --deepspeed_config bf16.enabled 7 (was: a pydantic traceback)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--dtype", "fp32", "--deepspeed_config", "{tmp}/ds_bf16_7.json"],
+         ("--deepspeed_config {tmp}/ds_bf16_7.json: bf16.enabled: Input should be a valid boolean",)),
+    Case("step1 --deepspeed_config fp16 and bf16 enabled (was: DeepSpeed's AssertionError)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_halves.json"],
+         ("--deepspeed_config {tmp}/ds_halves.json: bf16.enabled and fp16.enabled are both true",)),
+    Case("step1 --deepspeed_config fp16 against --dtype fp32", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--dtype", "fp32", "--deepspeed_config", "{tmp}/ds_fp16.json"],
+         ("--deepspeed_config {tmp}/ds_fp16.json: fp16.enabled is true, but --dtype chose fp32",)),
+    Case("step1 --deepspeed_config communication_data_type int3 (was: a ValueError)", "step1",
+         [*STEP1, "--data_path", "{tmp}/good", "--deepspeed_config", "{tmp}/ds_int3.json"],
+         ("--deepspeed_config {tmp}/ds_int3.json: communication_data_type: Invalid communication_data_type",)),
     Case("step1 --deepspeed_config batch size against the flags", "step1",
          [*STEP1, "--data_path", "{tmp}/good", "--per_device_train_batch_size", "4", "--deepspeed_config",
           "{tmp}/ds_batch.json"], ("--deepspeed_config {tmp}/ds_batch.json: train_batch_size 32 disagrees with "
@@ -340,6 +355,9 @@ CASES = [
          ("--offload needs --actor_zero_stage and --critic_zero_stage",)),
     Case("step3 --only_optimize_lora without LoRA", "step3", [*STEP3, *MODELS, "--only_optimize_lora"],
          ("--only_optimize_lora needs --actor_lora_dim or --critic_lora_dim",)),
+    Case("step3 --deepspeed_config gradient_clipping a string (was: a TypeError after step 1)", "step3",
+         [*STEP3, *GRPO, "--reward_fn", "builtin", "--deepspeed_config", "{tmp}/ds_clipping.json"],
+         ("--deepspeed_config {tmp}/ds_clipping.json: gradient_clipping must be a number",)),
     Case("step3 --deepspeed_config batch size against the flags", "step3",
          [*STEP3, *MODELS, "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "4",
           "--deepspeed_config", "{tmp}/ds_batch.json"],
@@ -629,6 +647,11 @@ def write_bad_data(tmp):
     (tmp / "ds_nan.json").write_text('{"gradient_clipping": NaN}')
     (tmp / "latin1.txt").write_bytes(" Human: caf\xe9? Assistant:\n".encode("latin-1"))
     (tmp / "ds_batch.json").write_text(json.dumps({"train_batch_size": 32}))
+    (tmp / "ds_clipping.json").write_text(json.dumps({"gradient_clipping": "high"}))
+    (tmp / "ds_bf16_7.json").write_text(json.dumps({"bf16": {"enabled": 7}}))
+    (tmp / "ds_halves.json").write_text(json.dumps({"fp16": {"enabled": True}, "bf16": {"enabled": True}}))
+    (tmp / "ds_fp16.json").write_text(json.dumps({"fp16": {"enabled": True}}))
+    (tmp / "ds_int3.json").write_text(json.dumps({"communication_data_type": "int3"}))
     other_task = dict(GOOD_ROW, prompt=" Human: Tell a joke. Assistant:")
     for split in ("train", "eval"):
         write_jsonl(tmp / "good_other" / f"{split}.json", [other_task] * 8)

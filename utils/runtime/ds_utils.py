@@ -1,8 +1,10 @@
 """DeepSpeed set-up shared by the three steps: configs, precision, optimizers and their parameter groups."""
+import json
+
 import torch
 
 from utils.runtime.dist import check_op_build_lock
-from utils.runtime.errors import ConfigError
+from utils.runtime.errors import ConfigError, one_line
 from utils.runtime.provenance import NATIVE_BF16_CPU_FLAGS, native_bf16_flags, read_cpuinfo
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -173,10 +175,12 @@ def create_optimizer(param_groups, learning_rate, offload, betas=(0.9, 0.95)):
 
 def merge_user_ds_config(config, deepspeed_config_path, batch_flag="--per_device_train_batch_size"):
     """Overlay the user's `--deepspeed_config` JSON file, key by key, on the config the flags built (`batch_flag`:
-    the step's micro-batch flag, named when the file's batch sizes disagree)."""
+    the step's micro-batch flag, named when the file's batch sizes disagree). The file is checked before any
+    engine is built, each error one line naming the file and the key: no optimizer or scheduler section (they would
+    be ignored), batch sizes equal to the flags', each value of a key the flags also set of the same JSON type,
+    the precision --dtype chose, and the whole read by DeepSpeed's own config classes."""
     if not deepspeed_config_path:
         return config
-    import json
 
     def not_a_number(constant):
         raise ValueError(f"{constant} is not a number (a value it cannot mean)")
@@ -199,18 +203,86 @@ def merge_user_ds_config(config, deepspeed_config_path, batch_flag="--per_device
             raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: {key} {user[key]} disagrees with the "
                               f"{config[key]} of the flags ({batch_flag} x "
                               "--gradient_accumulation_steps x processes); set batch sizes with the flags")
+    _check_json_types(config, user, deepspeed_config_path)
     merged = _deep_merge(config, user)
-    if isinstance(merged.get("zero_optimization"), dict):  # checked here, not by a traceback from deepspeed
-        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-        from pydantic import ValidationError
-
-        try:
-            DeepSpeedZeroConfig(**merged["zero_optimization"])
-        except ValidationError as err:
-            first = err.errors()[0]
-            raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: zero_optimization."
-                              f"{'.'.join(map(str, first['loc']))}: {first['msg']}, got {first.get('input')!r}") from None
+    asked, chosen = _half_precisions(merged), _half_precisions(config)
+    if asked != chosen:  # the models, their copies and the reports all follow --dtype
+        enabled = (" and ".join(f"{precision}.enabled" for precision in asked)
+                   + (" are both true" if len(asked) > 1 else " is true") if asked else f"{chosen[0]}.enabled is false")
+        raise ConfigError(f"--deepspeed_config {deepspeed_config_path}: {enabled}, but --dtype chose "
+                          f"{chosen[0] if chosen else 'fp32'}; DeepSpeed trains in one precision: choose it with "
+                          "--dtype")
+    _check_with_deepspeed(config, user, deepspeed_config_path)
     return merged
+
+
+PRECISION_SECTIONS = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+"""The sections of a DeepSpeed config that enable a half precision, and the precision (bfloat16: bf16's old
+name)."""
+
+
+def _half_precisions(config):
+    """The half precisions `config` enables (its sections with `"enabled": true`), sorted."""
+    return sorted({precision for section, precision in PRECISION_SECTIONS.items()
+                   if isinstance(config.get(section), dict) and config[section].get("enabled") is True})
+
+
+def json_type(value):
+    """The JSON type of a value read from JSON, as the error names it (a bool is tested before a number: Python's
+    True is an int)."""
+    for types, name in ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (dict, "an object"),
+                        (list, "an array")):
+        if isinstance(value, types):
+            return name
+    return "null"
+
+
+def _check_json_types(flags_config, user, path, prefix=""):
+    """Refuse a key of the user's file whose value is not of the JSON type the flags' config gives the same key
+    (`gradient_clipping: "high"` against 1.0), section by section: DeepSpeed reads such a value without a
+    complaint and fails on it mid-run (a TypeError after the first step)."""
+    for key, value in user.items():
+        if key not in flags_config:
+            continue
+        expected = json_type(flags_config[key])
+        if json_type(value) != expected:
+            raise ConfigError(f"--deepspeed_config {path}: {prefix}{key} must be {expected}, as the flags' config "
+                              f"has it ({json.dumps(flags_config[key])}), not {json.dumps(value)}")
+        if isinstance(value, dict):
+            _check_json_types(flags_config[key], value, path, f"{prefix}{key}.")
+
+
+def _check_with_deepspeed(flags_config, user, path):
+    """Read the flags' config with each key of the user's file laid over it, one key at a time, through DeepSpeed's
+    own config classes (DeepSpeedConfig: its pydantic models and checks, milliseconds, no process group), then
+    with all of them; the first failure is a ConfigError naming the file and the key, not a traceback at
+    deepspeed.initialize or after the first step."""
+    for key in user:
+        error = _deepspeed_config_error(_deep_merge(flags_config, {key: user[key]}))
+        if error:
+            raise ConfigError(f"--deepspeed_config {path}: {key}{error}")
+    error = _deepspeed_config_error(_deep_merge(flags_config, user))
+    if error:
+        raise ConfigError(f"--deepspeed_config {path}: its keys together ({', '.join(user)}){error}")
+
+
+def _deepspeed_config_error(config):
+    """What DeepSpeedConfig says is wrong with `config`, as `.field.path: message` (pydantic's) or `: message`
+    (DeepSpeed's own asserts and ValueErrors); None if it reads it. The total batch is left for it to work out
+    from the world it sees (it may see one process where the run has several)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from pydantic import ValidationError
+
+    config = {key: value for key, value in config.items() if key != "train_batch_size"}
+    try:
+        DeepSpeedConfig(json.loads(json.dumps(config)))  # a copy: DeepSpeed may fill in what it reads
+    except ValidationError as err:
+        first = err.errors()[0]
+        return f"{''.join(f'.{part}' for part in first['loc'])}: {first['msg']}, got {first.get('input')!r}"
+    # DeepSpeed's asserts, ValueErrors, TypeErrors...: each about the user's values, as the flags' config alone reads
+    except Exception as err:  # noqa: BLE001
+        return f": {one_line(err) or type(err).__name__}"
+    return None
 
 
 def _deep_merge(base, overlay):

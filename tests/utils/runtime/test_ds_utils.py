@@ -236,6 +236,60 @@ def test_merge_user_config_bad_file(tmp_path, content):
         merge_user_ds_config(base_config(), str(path))
 
 
+USER_CONFIG_ERRORS = [
+    # (the file's content, the flags' dtype, what the one error line says after "--deepspeed_config <file>: ")
+    ({"gradient_clipping": "high"}, "fp32", 'gradient_clipping must be a number, as the flags\' config has it (1.0), '
+                                            'not "high"'),
+    ({"zero_optimization": {"overlap_comm": "yes"}}, "fp32", "zero_optimization.overlap_comm must be a boolean"),
+    ({"zero_optimization": {"offload_optimizer": None}}, "fp32", "zero_optimization.offload_optimizer must be an "
+                                                                 "object"),
+    ({"bf16": {"enabled": 7}}, "bf16", "bf16.enabled must be a boolean, as the flags' config has it (true), not 7"),
+    ({"bf16": {"enabled": 7}}, "fp32", "bf16.enabled: Input should be a valid boolean"),  # DeepSpeed's pydantic
+    ({"fp16": {"enabled": True}}, "bf16", "bf16.enabled and fp16.enabled are both true, but --dtype chose bf16"),
+    ({"bfloat16": {"enabled": True}}, "fp32", "bf16.enabled is true, but --dtype chose fp32"),
+    ({"bf16": {"enabled": False}}, "bf16", "bf16.enabled is false, but --dtype chose bf16"),
+    ({"communication_data_type": "int3"}, "fp32", "communication_data_type: Invalid communication_data_type"),
+    ({"zero_optimization": {"stage": 7}}, "fp32", "zero_optimization.stage: Input should be 0, 1, 2, 3"),
+    ({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}, "fp32",
+     "zero_optimization.offload_optimizer.device: Input should be 'none', 'cpu' or 'nvme', got 'gpu'"),
+    ({"fp16": {"loss_scale": "x"}}, "fp32", "fp16.loss_scale: Value error, fp16.loss_scale must be a number"),
+    # a section the flags do not set, named by the key without which DeepSpeed reads the file (its TypeError)
+    ({"gradient_clipping": 0.5, "flops_profiler": {"enabled": "maybe"}}, "fp32", "flops_profiler: "),
+]
+
+
+@pytest.mark.parametrize("user, dtype, message", USER_CONFIG_ERRORS, ids=[json.dumps(row[0]) + " " + row[1]
+                                                                          for row in USER_CONFIG_ERRORS])
+def test_a_user_config_deepspeed_would_fail_on_is_one_error_naming_the_file_and_key(tmp_path, user, dtype, message):
+    """Each of these was a DeepSpeed traceback: at deepspeed.initialize (pydantic, an assert, a ValueError) or,
+    for a value DeepSpeed reads without a complaint, after the first training step (gradient_clipping's
+    TypeError)."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(user))
+    config = get_train_ds_config(micro_batch_size=2, gradient_accumulation_steps=1, world_size=1, dtype=dtype,
+                                 stage=2)
+    with pytest.raises(ConfigError) as raised:
+        merge_user_ds_config(config, str(path))
+    assert str(raised.value).startswith(f"--deepspeed_config {path}: {message}"), raised.value
+
+
+def test_a_user_config_in_deepspeed_s_own_terms_reads(tmp_path):
+    """What DeepSpeed-Chat's and DeepSpeed's examples set passes every check: integers where the flags have
+    floats, sections and keys the flags do not set, the precision --dtype chose tuned."""
+    user = {"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 30000000, "offload_param": {
+        "device": "cpu", "pin_memory": True}}, "bf16": {"enabled": True}, "gradient_clipping": 1,
+        "communication_data_type": "fp32", "activation_checkpointing": {"partition_activations": False},
+        "flops_profiler": {"enabled": False}, "wall_clock_breakdown": True}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(user))
+    config = get_train_ds_config(micro_batch_size=2, gradient_accumulation_steps=1, world_size=4, dtype="bf16",
+                                 stage=2)
+    merged = merge_user_ds_config(config, str(path))
+    assert merged["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert merged["train_batch_size"] == 8  # the flags' four processes, not the one DeepSpeed sees here
+    assert merged["gradient_clipping"] == 1 and merged["wall_clock_breakdown"] is True
+
+
 # --------------------------------------------------------------------------- DeepSpeed's one-time op builds
 
 
