@@ -13,14 +13,13 @@ from inference.sampling import sample, supports_native_sampling
 from inference.tool_rollout import tool_rollout
 from utils.data.data_utils import attention_mask_left, pad_left, tokenize_prompt
 from utils.data.prompting import encode_prompt_text
-from utils.model.model_utils import (ADDED_TOKENS_ROOM, check_model_kind, check_tokenizer_fits, load_pretrained,
-                                     load_tokenizer, resolve_model_path)
+from utils.model.model_utils import (ADDED_TOKENS_ROOM, check_model_kind, check_tokenizer_fits, context_length,
+                                     load_pretrained, load_tokenizer, resolve_model_path)
 from utils.model.save import read_training_settings, trained_answer_length
 from utils.runtime.ds_utils import TORCH_DTYPES
 from utils.runtime.errors import ChatRLHFError, ConfigError
 from utils.runtime.progress import progress
 
-CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 DEFAULT_MAX_NEW_TOKENS = 16
 """The answer length for a model folder without saved training settings (a base model, a hub name)."""
 NEUTRAL_PROCESSORS = dict(num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
@@ -59,16 +58,6 @@ def trained_max_new_tokens(model_path, prompts, trust_remote_code=False):
     length = trained_answer_length(model_path, longest)
     print(f"--max_new_tokens {length}: the answer length {model_path} was trained to", flush=True)
     return length
-
-
-def context_length(model):
-    """The number of positions the model (or a model's config) can attend over (None if its config does not say)."""
-    config = getattr(model, "config", model)
-    for key in CONTEXT_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def max_prompt_tokens(model, max_new_tokens):

@@ -70,7 +70,7 @@ def step3_model_dirs(tmp_path_factory, tiny_tokenizer):
     actor_dir, critic_dir = root / "step1", root / "step2"
     tokenizer = tiny_tokenizer
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                          tie_word_embeddings=True, attention_dropout=0.1, pad_token_id=tokenizer.pad_token_id,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)

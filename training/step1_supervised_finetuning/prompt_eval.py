@@ -77,14 +77,11 @@ def fit_to_context(args, prompts):
     earliest turns dropped first, as training fits its rows (utils.data.data_utils.fit_prompt); a prompt whose last
     turn alone does not fit is left out. Both counts are said; a prompts file's prompts are the user's own, never
     cut (one too long is an error)."""
-    from transformers import AutoConfig
-
-    from inference.generation import context_length
     from utils.data.data_utils import SampleCounter, fit_prompt
-    from utils.model.model_utils import load_tokenizer
+    from utils.model.model_utils import context_length, load_model_config, load_tokenizer
 
     path = resolve_model_path(args.model_name_or_path_finetune)
-    context = context_length(AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code))
+    context = context_length(load_model_config(path, args.trust_remote_code))
     if context is None or args.max_new_tokens >= context:
         return prompts  # unbounded, or refused by the generation with its own message
     tokenizer = load_tokenizer(path, args.trust_remote_code)

@@ -33,7 +33,7 @@ import torch
 from inference.evaluation import are_task_prompts
 from utils.data import builtin_task as task
 from utils.data.data_utils import SampleCounter, pair_sample
-from utils.model.model_utils import resolve_model_path
+from utils.model.model_utils import check_fits_context, resolve_model_path
 from utils.model.reward_model import load_reward_model, score_answers, score_sequences
 from utils.model.save import trained_sequence_length
 from utils.runtime.args import (ArgumentParser, add_batch_size_arg, add_column_args, add_max_seq_len_arg,
@@ -272,6 +272,9 @@ def main(argv=None):
     from utils.runtime.dist import quiet_transformers
 
     quiet_transformers()
+    if args.max_seq_len is not None:
+        check_fits_context(resolve_model_path(args.model_name_or_path), {"--max_seq_len": args.max_seq_len},
+                           args.trust_remote_code)
     model, tokenizer = load_reward_model(args.model_name_or_path, args.trust_remote_code)
     if torch.cuda.is_available():
         model.cuda()

@@ -31,7 +31,7 @@ from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_pro
                                    create_unsupervised_dataset, data_bound, data_metrics, fit_auto_lengths,
                                    make_dataloader)
 from utils.model.card import model_card
-from utils.model.model_utils import check_model_kind, load_tokenizer, resolve_model_path
+from utils.model.model_utils import check_fits_context, check_model_kind, load_tokenizer, resolve_model_path
 from utils.model.save import save_engine_model
 from utils.rl.base_rate import AnswerBaseRate, reference_prompts
 from utils.rl.reward_fns import load_reward_fn
@@ -67,6 +67,9 @@ def main(argv=None):
 
     # Data
     actor_path, critic_path = resolve_step_models(args)
+    for path in filter(None, (actor_path, critic_path)):  # both read prompt + answer
+        check_fits_context(path, {"--max_prompt_seq_len": args.max_prompt_seq_len,
+                                  "--max_answer_seq_len": args.max_answer_seq_len}, args.trust_remote_code)
     inputs = {"--actor_model_name_or_path": actor_path, "--critic_model_name_or_path": critic_path}
     claim_output_dir(args, inputs={flag: path for flag, path in inputs.items() if path},
                      model_dirs=[f"{args.output_dir}/{name}" for name in ("actor", "critic", "actor_ema")])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from utils.model.smollm2 import smollm2_model_path
 from utils.model.tiny import tiny_model_path
+from utils.runtime.args import is_auto
 from utils.runtime.errors import ConfigError
 
 BUILTIN_MODELS = ("tiny", "smollm2-135m")
@@ -113,6 +114,62 @@ def load_tokenizer(path, trust_remote_code=False, padding_side="right"):
     return tokenizer
 
 
+def load_model_config(path, trust_remote_code=False):
+    """The transformers config of the model in `path` (a folder or a hub name); a ConfigError naming it if it
+    cannot be loaded."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as err:
+        raise ConfigError(f"model folder {path}: its config.json cannot be loaded ({one_line_error(err)})") from None
+
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""The config entries that state a model's context (the positions it can attend over), in the order read."""
+
+
+def context_entry(config):
+    """(key, positions): the first CONTEXT_KEYS entry of a model's config (or of a model's `config`) that states
+    its context, under the name its config.json gives it (GPT-2's n_positions, which transformers also answers
+    to as max_position_embeddings); None if none does."""
+    config = getattr(config, "config", config)
+    for key in CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return getattr(config, "attribute_map", {}).get(key, key), value
+    return None
+
+
+def context_length(model):
+    """The number of positions the model (or a model's config) can attend over (None if its config does not say)."""
+    entry = context_entry(model)
+    return entry and entry[1]
+
+
+def check_fits_context(path, lengths, trust_remote_code=False):
+    """Refuse (ConfigError) length flags the model in `path` has no room for, before any data is tokenized:
+    `lengths` ({flag: tokens or auto}, laid end to end: step 3's prompt then answer, one flag elsewhere) must fit
+    the positions its config states. A position past them trains on positions the model never learned (rotary
+    models) or fails mid-run with an index error (learned position embeddings: OPT, GPT-2). An `auto` length is
+    fitted to the context later (utils.data.data_utils.fit_auto_lengths) and only needs one position left; a
+    config that states no context bounds nothing."""
+    entry = context_entry(load_model_config(path, trust_remote_code))
+    if entry is None:
+        return
+    key, positions = entry
+    given = {flag: value for flag, value in lengths.items() if not is_auto(value)}
+    autos = [f"{flag} auto" for flag in lengths if flag not in given]
+    total = sum(given.values())
+    if total + len(autos) <= positions:
+        return
+    asked = " + ".join(f"{flag} {value}" for flag, value in given.items()) + (f" = {total}" if len(given) > 1 else "")
+    context = f"the model's context ({positions} positions, {key} in {path}/config.json)"
+    if total > positions:
+        raise ConfigError(f"{asked} is over {context}")
+    raise ConfigError(f"{asked} leaves no room for {' and '.join(autos)} in {context}")
+
+
 def configure_dropout(config, dropout):
     """Set every dropout probability the config knows of (DeepSpeed-Chat's `--dropout`); None leaves them."""
     if dropout is None:
@@ -128,15 +185,10 @@ def create_hf_model(model_class, path, tokenizer, ds_config=None, dropout=None, 
     """Load `model_class` (AutoModelForCausalLM, AutoModel...) from `path` in fp32 (DeepSpeed casts it to the
     training dtype). Under ZeRO-3 the weights are partitioned while they load, never held whole on one rank."""
     import torch
-    from transformers import AutoConfig
 
     if model_class.__name__ == "AutoModelForCausalLM":
         check_model_kind(path, reward=False, name=path)
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except Exception as err:
-        raise ConfigError(f"model folder {path}: its config.json cannot be loaded ({one_line_error(err)})") from None
-    config = configure_dropout(config, dropout)
+    config = configure_dropout(load_model_config(path, trust_remote_code), dropout)
     hf_ds_config = _zero3_init_context(ds_config)  # noqa: F841 (must stay alive while the model loads)
     # fp32 whatever the folder was saved in (transformers 5 would keep a bf16 folder in bf16 by default, and a
     # reward model's fp32 value head would then meet bf16 hidden states). A reward model's backbone (AutoModel)

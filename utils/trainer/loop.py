@@ -6,7 +6,7 @@ import time
 import torch
 
 from utils.data.data_utils import create_prompt_dataset, data_bound, data_metrics, fit_auto_lengths, make_dataloader
-from utils.model.model_utils import count_parameters, load_tokenizer
+from utils.model.model_utils import check_fits_context, count_parameters, load_tokenizer
 from utils.model.card import model_card
 from utils.model.save import save_engine_model
 from utils.rl.reward_fns import call_reward_fn, load_reward_fn
@@ -21,15 +21,18 @@ from utils.trainer.stopping import stop_rule_from_args
 
 
 def step_data(args, phase, inputs, unpaired=False):
-    """(tokenizer, train_dataset, eval_dataset) of a step: --output_dir claimed for this run (`inputs`: {flag:
-    folder} of the models it reads; the tokenizer is --model_name_or_path's), and phase `phase` of --data_split
+    """(tokenizer, train_dataset, eval_dataset) of a step: --max_seq_len checked against the model's context,
+    --output_dir claimed for this run (`inputs`: {flag: folder} of the models it reads; the tokenizer and the
+    context are --model_name_or_path's), and phase `phase` of --data_split
     tokenized within --max_seq_len (`auto`: a percentile of the sample lengths, measured once the data is built
     unbounded, then built again within it); `unpaired`: as KTO's labelled answers; with --train_every_turn (step
     1), each earlier assistant turn of a conversation a sample too; with --answer_filter_fn,
     only the rows whose chosen answers it gives full marks (judged_rows). The datasets carry their rows read and
     kept (`counts`)."""
+    model_path = inputs["--model_name_or_path"]
+    check_fits_context(model_path, {"--max_seq_len": args.max_seq_len}, args.trust_remote_code)
     claim_output_dir(args, inputs=inputs)
-    tokenizer = load_tokenizer(inputs["--model_name_or_path"], args.trust_remote_code)
+    tokenizer = load_tokenizer(model_path, args.trust_remote_code)
     judge = answer_judge(args)
     def build(max_seq_len):
         return create_prompt_dataset(args.data_path, args.data_split, args.data_output_path, phase, args.seed,

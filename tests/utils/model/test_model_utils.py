@@ -1,5 +1,5 @@
 """Tests of utils/model/model_utils.py: resolving --model_name_or_path, loading tokenizers and models, the reward-model
-guard, embedding resize and parameter counting."""
+guard, embedding resize, the length flags against the model's context and parameter counting."""
 import json
 import socket
 
@@ -8,8 +8,9 @@ import torch
 import transformers
 from transformers import AutoModel, AutoModelForCausalLM
 
-from utils.model.model_utils import (ADDED_TOKENS_ROOM, REWARD_MODEL_KEY, configure_dropout, count_parameters,
-                                     create_hf_model, load_tokenizer, position_ids_from_mask, resolve_model_path)
+from utils.model.model_utils import (ADDED_TOKENS_ROOM, REWARD_MODEL_KEY, check_fits_context, configure_dropout,
+                                     context_entry, count_parameters, create_hf_model, load_tokenizer,
+                                     position_ids_from_mask, resolve_model_path)
 from utils.model.tiny import train_tokenizer
 from utils.runtime.errors import ConfigError
 
@@ -143,6 +144,48 @@ def test_a_reward_model_folder_is_refused_as_a_causal_lm(model_dir, tmp_path, ti
     with pytest.raises(ConfigError, match="reward model"):
         create_hf_model(AutoModelForCausalLM, str(folder), tiny_tokenizer)
     assert create_hf_model(AutoModel, str(folder), tiny_tokenizer) is not None  # as a backbone it loads
+
+
+FITS_CONTEXT = [
+    # (the length flags, what the error says after them; None: they fit the 512 positions)
+    ({"--max_seq_len": 512}, None),
+    ({"--max_seq_len": 513}, "--max_seq_len 513 is over the model's context (512 positions, max_position_embeddings "
+                             "in {folder}/config.json)"),
+    ({"--max_seq_len": "auto"}, None),
+    ({"--max_prompt_seq_len": 256, "--max_answer_seq_len": 256}, None),
+    ({"--max_prompt_seq_len": 256, "--max_answer_seq_len": 300}, "--max_prompt_seq_len 256 + --max_answer_seq_len "
+                                                                  "300 = 556 is over the model's context"),
+    ({"--max_prompt_seq_len": 511, "--max_answer_seq_len": "auto"}, None),
+    ({"--max_prompt_seq_len": 512, "--max_answer_seq_len": "auto"}, "--max_prompt_seq_len 512 leaves no room for "
+                                                                    "--max_answer_seq_len auto in the model's context"),
+    ({"--max_prompt_seq_len": "auto", "--max_answer_seq_len": 600}, "--max_answer_seq_len 600 is over the model's "
+                                                                    "context"),
+]
+
+
+@pytest.mark.parametrize("lengths, message", FITS_CONTEXT, ids=[json.dumps(row[0]) for row in FITS_CONTEXT])
+def test_length_flags_are_checked_against_the_model_s_context(tmp_path, lengths, message):
+    """Positions past a model's context train on positions it never learned, or (learned position embeddings: OPT)
+    fail mid-run with an index error; refused before the data is read."""
+    folder = tmp_path / "model"
+    transformers.LlamaConfig(max_position_embeddings=512).save_pretrained(folder)
+    if message is None:
+        check_fits_context(str(folder), lengths)
+        return
+    with pytest.raises(ConfigError) as raised:
+        check_fits_context(str(folder), lengths)
+    assert str(raised.value).startswith(message.format(folder=folder)), raised.value
+
+
+def test_a_model_of_no_stated_context_bounds_no_length(tmp_path, small_config):
+    """A config stating none of CONTEXT_KEYS (Mamba's: no positions at all) keeps working at any length; OPT's and
+    GPT-2's are read under their own names."""
+    folder = tmp_path / "mamba"
+    transformers.MambaConfig().save_pretrained(folder)
+    check_fits_context(str(folder), {"--max_seq_len": 10 ** 6})
+    assert context_entry(transformers.MambaConfig()) is None
+    assert context_entry(small_config("opt")) == ("max_position_embeddings", 64)
+    assert context_entry(transformers.GPT2Config(n_positions=32)) == ("n_positions", 32)
 
 
 def test_configure_dropout(small_config):
