@@ -256,7 +256,10 @@ def _check_with_deepspeed(flags_config, user, path):
     """Read the flags' config with each key of the user's file laid over it, one key at a time, through DeepSpeed's
     own config classes (DeepSpeedConfig: its pydantic models and checks, milliseconds, no process group), then
     with all of them; the first failure is a ConfigError naming the file and the key, not a traceback at
-    deepspeed.initialize or after the first step."""
+    deepspeed.initialize or after the first step. Where DeepSpeed cannot read the flags' config alone (a
+    DeepSpeed that asks for more than its config, say), it judges nothing of the user's."""
+    if _deepspeed_config_error(flags_config):
+        return
     for key in user:
         error = _deepspeed_config_error(_deep_merge(flags_config, {key: user[key]}))
         if error:
