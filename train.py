@@ -341,8 +341,10 @@ def run_stage(args, run):
     if returncode != 0:
         lines = log_path.read_text(errors="replace").splitlines()
         errors = [line for line in lines if line.startswith("error: ")]
-        if errors:  # the step said what went wrong: its error line is the whole story
+        if errors:  # the step said what went wrong: its error line and the data it left out tell it
             print(f"step {step} FAILED after {elapsed:.0f} s (exit {returncode}); its log: {log_path}", flush=True)
+            for line in data_notices(log_path, offset):  # "no train data left": the skipped counts say why
+                print(line, flush=True)
         else:  # a crash: the log's tail shows where
             print(f"step {step} FAILED after {elapsed:.0f} s (exit {returncode}); last lines of {log_path}:")
             print("\n".join("    " + line for line in lines[-LOG_TAIL_LINES:]), flush=True)

@@ -623,6 +623,22 @@ def test_a_stage_that_drops_rows_or_steps_says_so_on_train_pys_output(tmp_path):
     AutoModelForCausalLM.from_pretrained(out / "actor-models" / "tiny")
 
 
+def test_a_stage_that_fails_for_want_of_rows_says_which_rows_it_dropped(tmp_path):
+    """A real step 1 whose every row is over --max_seq_len: its error says "see the skipped counts above", and
+    train.py prints them (before, only a step that succeeded had its WARNING lines and counts printed)."""
+    data = tmp_path / "data"
+    rows = [{"prompt": f"Tell me about {i}.", "completion": " a very long answer indeed" * 12} for i in range(16)]
+    write_jsonl(data / "train.jsonl", rows), write_jsonl(data / "eval.jsonl", rows[:4])
+    result = subprocess.run(
+        [sys.executable, "train.py", "--step", "1", "--no-eval", "--output-dir", str(tmp_path / "out"),
+         "--data-path", str(data), "--data-split", "1", "--step1-args",
+         f"--max_seq_len 40 --max_steps 2 --data_output_path {tmp_path / 'cache'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode != 0 and "see the skipped counts above" in result.stderr, result.stderr[-3000:]
+    assert "phase 1 train: 0 samples (skipped: 16 longer than --max_seq_len with its EOS)" in result.stdout
+    assert "WARNING: --max_seq_len 40 dropped 16 of 16 rows of phase 1 train (100%)" in result.stdout
+
+
 # ---------------------------------------------------------------------- run scripts and launch.sh
 def launcher_env(**extra):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("OMP_", "GOMP_", "HOSTFILE"))}
