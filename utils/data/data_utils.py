@@ -440,18 +440,18 @@ def reference_answer_lengths(data_paths, seed, tokenizer, columns=None):
         raw = get_raw_dataset(data_path, seed, columns)
         for rows in (raw.get_train_data(), raw.get_eval_data()):
             for row in rows if rows is not None else ():
-                answers.add(_reference_answer(raw, row))
+                answers.add(reference_answers(raw, row)[0])
     answers.discard(None)
     return [len(tokenize_answer(tokenizer, answer)) for answer in answers]
 
 
-def _reference_answer(raw, row):
-    """The row's chosen answer, None when the data set has none (e.g. reasoning-gym tasks any valid solution
-    answers)."""
+def reference_answers(raw, row):
+    """The row's (chosen, rejected) answers, each None where the row has none, both where the data set has none
+    (reasoning-gym tasks that any valid solution answers: their get_chosen refuses)."""
     try:
-        return raw.get_chosen(row)
+        return raw.get_chosen(row), raw.get_rejected(row)
     except DataError:
-        return None
+        return None, None
 
 
 LENGTH_FLAGS = ("max_seq_len", "max_prompt_seq_len", "max_answer_seq_len", "max_new_tokens")

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.data.data_utils import get_raw_dataset, split_part_indices
+from utils.data.data_utils import get_raw_dataset, reference_answers, split_part_indices
 from utils.runtime.errors import DataError
 from utils.runtime.paths import write_file_atomic
 
@@ -108,8 +108,9 @@ def data_pairs(rows, counts):
 
 def part_rows(data_paths, data_split, train_phase, seed, output_path, split_name, columns=None):
     """(prompt, chosen, rejected) of each row of part `train_phase` of `data_split` of each data set's `split_name`
-    split (its columns renamed by `columns`: get_raw_dataset; answers None where a row has none), in the order the
-    step of that phase reads its rows (`utils.data.data_utils.split_part_indices`); rows without a prompt left out."""
+    split (its columns renamed by `columns`: get_raw_dataset; answers None where a row or the data set has none:
+    the actor's own answers are judged without them), in the order the step of that phase reads its rows
+    (`utils.data.data_utils.split_part_indices`); rows without a prompt left out."""
     found = []
     for data_path in data_paths:
         raw = get_raw_dataset(data_path, seed, columns)
@@ -118,7 +119,7 @@ def part_rows(data_paths, data_split, train_phase, seed, output_path, split_name
             continue
         part = split_part_indices(output_path, raw.clean_name, seed, split_name, data_split, train_phase - 1,
                                   len(rows))
-        found += [(prompt, raw.get_chosen(row), raw.get_rejected(row)) for row in rows.select(part.tolist())
+        found += [(prompt, *reference_answers(raw, row)) for row in rows.select(part.tolist())
                   if (prompt := raw.get_prompt(row))]
     return found
 

@@ -116,6 +116,21 @@ def test_the_cli_writes_best_against_worst_pairs_that_step_2_reads_whole(tmp_pat
     assert len(train) == meta["counts"]["train"]["pairs"] and len(evaluation) == meta["counts"]["eval"]["pairs"]
 
 
+def test_a_task_without_reference_answers_has_the_actors_answers_judged(tmp_path, judge_module):
+    """reasoning-gym's propositional_logic accepts any valid solution, so its rows have no chosen answer: the
+    actor's own answers are judged all the same (before, reading the rows' references ended the step in an
+    error, and with it `train.py --algorithm ppo`'s default on such a task)."""
+    pytest.importorskip("reasoning_gym")
+    out = tmp_path / "pairs"
+    flags = ["--model_name_or_path", "tiny", "--reward_fn", f"{judge_module}:by_length", "--output_dir", str(out),
+             "--data_path", "reasoning_gym:propositional_logic?size=40", "--data_split", "0,1", "--max_prompts", "4",
+             "--samples_per_prompt", "3", "--max_new_tokens", "6", "--data_output_path", str(tmp_path / "cache"),
+             "--dtype", "fp32"]
+    assert run_sample_pairs(flags) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["counts"]["train"]["prompts"] == 4 and meta["counts"]["train"]["pairs"] > 0
+
+
 def test_resume_keeps_pairs_made_with_the_same_settings_and_remakes_others(tmp_path, data_file, judge_module,
                                                                          capsys):
     out = tmp_path / "pairs"
