@@ -180,6 +180,30 @@ def read_prompts_file(path):
     return prompts
 
 
+def fit_prompts_to_context(prompts, tokenizer, context, max_new_tokens, flag):
+    """The held-out `prompts` as they fit a model's `context` positions with `max_new_tokens` (`flag`'s) for the
+    answer: a dialogue's earliest turns dropped first, as training fits its rows (utils.data.data_utils.fit_prompt);
+    a prompt whose last turn alone does not fit is left out. Both counts are said; a DataError if none fits."""
+    from utils.data.data_utils import SampleCounter, fit_prompt
+
+    if context is None or max_new_tokens >= context:
+        return prompts  # unbounded, or refused by the generation with its own message
+    counter, fitted = SampleCounter("held-out prompts"), []
+    for prompt in prompts:
+        fit = fit_prompt(tokenizer, prompt, max_new_tokens, flag, context, counter)
+        if fit is None:
+            counter.skip_too_long(f"longer than the context ({context}) less {flag}")
+        else:
+            counter.kept += 1
+            fitted.append(fit[0])
+    if counter.trimmed or counter.skipped:
+        print(counter.summary(), flush=True)
+    if not fitted:
+        raise DataError(f"no held-out prompt fits the context of {context} positions with {flag} {max_new_tokens}; "
+                        f"give a smaller {flag}")
+    return fitted
+
+
 def are_task_prompts(prompts):
     """Whether every prompt is one of the built-in task's, so the checker can score the answers."""
     try:

@@ -1,6 +1,7 @@
 """Tests of inference/evaluation.py's answer statistics: the best constant answer's score, the distinct answers and
 the most frequent one's share, and the answers cut at the token limit, on the built-in task's checker and a
-reasoning-gym verifier. A stub `generate` plays a model that answers one thing to every question."""
+reasoning-gym verifier (a stub `generate` plays a model that answers one thing to every question); held-out
+prompts fitted to a context."""
 import pytest
 import torch
 
@@ -9,6 +10,7 @@ from inference.evaluation import (BUILTIN_CHECKER, answer_scalars, answer_stats,
                                   format_answer_stats, heldout_set)
 from inference.generation import eos_token_ids, generate, tokenize_prompts
 from utils.data import builtin_task as task
+from utils.runtime.errors import DataError
 
 
 def add_prompts(pairs):
@@ -186,3 +188,20 @@ def test_answers_worded_apart_that_score_as_one_answer_does_are_a_constant_answe
     assert answer_stats(prompts, wrong, checker)["scored_as_constant"]["all"] == 0.0
     mostly = echoes[:27] + right[27:]  # "1" but for three questions, one of them where "1" was right: still one
     assert answer_stats(prompts, mostly, checker)["scored_as_constant"]["all"] == pytest.approx(18 / 20)
+
+
+def test_held_out_prompts_too_long_for_the_context_are_left_out_and_counted(tiny_tokenizer, capsys):
+    """Step 3's held-out evaluation and prompt_eval.py fit the data's held-out prompts to the model's context (before,
+    step 3 ended with "prompt 1 is too long" after step 1 had trained, on figlet_font and rectangle_count)."""
+    from inference.evaluation import fit_prompts_to_context
+    from utils.data.data_utils import tokenize_prompt
+
+    short, long = " Human: What is 1 + 2? Assistant:", " Human: " + "many words here " * 60 + "Assistant:"
+    context = len(tokenize_prompt(tiny_tokenizer, short)) + 40
+    assert len(tokenize_prompt(tiny_tokenizer, long)) > context
+    fitted = fit_prompts_to_context([short, long, short], tiny_tokenizer, context, 8, "--max_answer_seq_len")
+    assert fitted == [short, short]
+    assert "held-out prompts: 2 samples (skipped: 1 longer than the context" in capsys.readouterr().out
+    assert fit_prompts_to_context([long], tiny_tokenizer, None, 8, "--max_answer_seq_len") == [long]  # no bound
+    with pytest.raises(DataError, match="no held-out prompt fits the context of .* with --max_answer_seq_len 8"):
+        fit_prompts_to_context([long], tiny_tokenizer, context, 8, "--max_answer_seq_len")

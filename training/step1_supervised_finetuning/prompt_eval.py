@@ -20,15 +20,15 @@ import utils.runtime.threads  # noqa: F401 (first: sets OpenMP threads and wait 
 # isort: split
 import json
 
-from inference.evaluation import (BUILTIN_CHECKER, Checker, are_task_prompts, evaluate_models, format_answer_stats,
-                                  format_score_table, format_side_by_side, heldout_set, read_prompts_file,
-                                  reward_fn_checker)
+from inference.evaluation import (BUILTIN_CHECKER, Checker, are_task_prompts, evaluate_models,
+                                  fit_prompts_to_context, format_answer_stats, format_score_table,
+                                  format_side_by_side, heldout_set, read_prompts_file, reward_fn_checker)
 from inference.generation import DEFAULT_MAX_NEW_TOKENS, trained_max_new_tokens
 from utils.model.model_utils import check_model_kind, resolve_model_path
 from utils.runtime.args import (ArgumentParser, add_column_args, add_data_path_arg, add_generation_args,
                                 add_output_json_arg, add_reward_fn_arg, add_tool_args, check_flag_ranges,
                                 column_keys, is_auto)
-from utils.runtime.errors import ConfigError, DataError, cli_entry
+from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.paths import check_not_an_input, check_output_file, write_file_atomic
 from utils.runtime.tool_format import tool_use
 
@@ -73,32 +73,16 @@ def parse_args(argv=None):
 
 
 def fit_to_context(args, prompts):
-    """The data's held-out prompts as they fit the finetuned model's context with --max_new_tokens: a dialogue's
-    earliest turns dropped first, as training fits its rows (utils.data.data_utils.fit_prompt); a prompt whose last
-    turn alone does not fit is left out. Both counts are said; a prompts file's prompts are the user's own, never
-    cut (one too long is an error)."""
-    from utils.data.data_utils import SampleCounter, fit_prompt
+    """The data's held-out prompts as they fit the finetuned model's context with --max_new_tokens
+    (fit_prompts_to_context); a prompts file's prompts are the user's own, never cut (one too long is an error)."""
     from utils.model.model_utils import context_length, load_model_config, load_tokenizer
 
     path = resolve_model_path(args.model_name_or_path_finetune)
     context = context_length(load_model_config(path, args.trust_remote_code))
     if context is None or args.max_new_tokens >= context:
-        return prompts  # unbounded, or refused by the generation with its own message
-    tokenizer = load_tokenizer(path, args.trust_remote_code)
-    counter, fitted = SampleCounter("held-out prompts"), []
-    for prompt in prompts:
-        fit = fit_prompt(tokenizer, prompt, args.max_new_tokens, "--max_new_tokens", context, counter)
-        if fit is None:
-            counter.skip_too_long(f"longer than the context ({context}) less --max_new_tokens")
-        else:
-            counter.kept += 1
-            fitted.append(fit[0])
-    if counter.trimmed or counter.skipped:
-        print(counter.summary(), flush=True)
-    if not fitted:
-        raise DataError(f"no held-out prompt fits the context of {context} positions with --max_new_tokens "
-                        f"{args.max_new_tokens}; give a smaller --max_new_tokens")
-    return fitted
+        return prompts
+    return fit_prompts_to_context(prompts, load_tokenizer(path, args.trust_remote_code), context,
+                                  args.max_new_tokens, "--max_new_tokens")
 
 
 @cli_entry

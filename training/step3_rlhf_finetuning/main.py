@@ -25,13 +25,15 @@ import itertools
 import random
 import time
 
-from inference.evaluation import TOOL_FIGURES, gym_validation_prompts, has_checker, heldout_set, reward_fn_checker
+from inference.evaluation import (TOOL_FIGURES, fit_prompts_to_context, gym_validation_prompts, has_checker,
+                                  heldout_set, reward_fn_checker)
 from training.step3_rlhf_finetuning.arguments import parse_args
 from utils.data.data_utils import (DataCollatorRLHF, DataCollatorSFT, create_prompt_dataset,
                                    create_unsupervised_dataset, data_bound, data_metrics, fit_auto_lengths,
                                    make_dataloader)
 from utils.model.card import model_card
-from utils.model.model_utils import check_fits_context, check_model_kind, load_tokenizer, resolve_model_path
+from utils.model.model_utils import (check_fits_context, check_model_kind, context_length, load_model_config,
+                                     load_tokenizer, resolve_model_path)
 from utils.model.save import save_engine_model
 from utils.rl.base_rate import AnswerBaseRate, reference_prompts
 from utils.rl.reward_fns import load_reward_fn
@@ -83,6 +85,10 @@ def main(argv=None):
     fit_auto_lengths(args, args.data_path, tokenizer, prompt_dataset, eval_dataset, rebuild=build)
     eval_prompts, eval_checker = ([], None) if not args.eval_interval else (
         validation_prompts if args.load_best_model_at_end else heldout_prompts)(args, eval_dataset, reward_fn)
+    if eval_prompts:  # answered up to --max_answer_seq_len within the actor's context, as training's are
+        eval_prompts = fit_prompts_to_context(
+            eval_prompts, tokenizer, context_length(load_model_config(actor_path, args.trust_remote_code)),
+            args.max_answer_seq_len, "--max_answer_seq_len")
     # Every round has a whole generation batch (a short last one would not split into training minibatches).
     prompt_loader = make_dataloader(prompt_dataset, DataCollatorRLHF(tokenizer.pad_token_id),
                                     args.per_device_generation_batch_size, True, args.seed, full_batches=True)
