@@ -50,12 +50,16 @@ that keep reasoning-gym's default scorer, whose partial credit goes to any answe
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import difflib
 import enum
+import io
 import itertools
 import re
+import signal
+import threading
 import types
 import typing
 import zlib
@@ -364,6 +368,38 @@ def part_sizes(size: int) -> dict[str, int]:
     return {"train": size - heldout - evaluation, "eval": evaluation, "heldout": heldout}
 
 
+ITEM_SECONDS = 120
+"""The longest reasoning-gym may take to generate one question (they take milliseconds): at some settings a task
+never returns (basic_arithmetic with terms of 8-10 digits tries every divisor of a 30-digit number), and a run would
+hang before its first step, saying nothing."""
+
+
+class _Overtime(BaseException):
+    """Raised into a question's generation when ITEM_SECONDS have passed: a BaseException, so that no `except
+    Exception` in the task's own code swallows it."""
+
+
+@contextlib.contextmanager
+def _generating():
+    """A block that generates reasoning-gym questions: what the task prints is discarded (codeio prints lines like
+    `WARNING: Friendship already exists`, which would read as this project's data warnings), and in the main thread
+    it is stopped after ITEM_SECONDS (_Overtime)."""
+    def overtime(signum, frame):
+        raise _Overtime
+
+    timed = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, overtime) if timed else None
+    if timed:
+        signal.setitimer(signal.ITIMER_REAL, ITEM_SECONDS)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
 def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, list[Item]]:
     """{part: [Item]} of one task: items 0, 1, ... of the task's data set (seeded with task_spec.seed), each new
     question (not in `seen`, which is updated) put in its part until the part is full; at most
@@ -385,7 +421,12 @@ def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, lis
         if all(len(parts[part]) >= wanted[part] for part in PARTS):
             break
         try:
-            entry = dataset[index]
+            with _generating():
+                entry = dataset[index]
+        except _Overtime:
+            raise DataError(f"{where}: reasoning-gym took over {ITEM_SECONDS} s to generate question {index} (its "
+                            "questions take milliseconds): these settings are beyond what the task can make; try "
+                            "smaller ones") from None
         except IndexError:  # the task ran out of questions
             break
         except Exception as err:

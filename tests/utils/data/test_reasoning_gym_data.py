@@ -4,6 +4,7 @@
 over every registered task."""
 import datetime
 import sys
+import signal
 import time
 
 import pytest
@@ -303,3 +304,22 @@ def test_tool_traces_compute_the_reference_answer_with_the_tool():
     assert chosen == [row["chosen"] for row in fresh(half_spec).rows("train")]  # the same questions every run
     with pytest.raises(DataError, match="word_sorting: tool_traces needs questions that carry an expression"):
         fresh(f"reasoning_gym:word_sorting?size={SIZE}&tool_traces=python").rows("train")
+
+
+def test_a_question_that_never_comes_is_one_error_naming_the_task(monkeypatch):
+    """basic_arithmetic with terms of 8 to 10 digits tries every divisor of a 30-digit number and never returns: the
+    run hung before its first step, saying nothing. Now the question's generation stops after ITEM_SECONDS."""
+    monkeypatch.setattr(rg, "ITEM_SECONDS", 1)
+    start = time.monotonic()
+    with pytest.raises(DataError, match=r"reasoning_gym:basic_arithmetic: reasoning-gym took over 1 s to generate "
+                                        r"question \d+ .* beyond what the task can make"):
+        rg.gym_data("reasoning_gym:basic_arithmetic?size=100&min_terms=15&max_terms=20&min_digits=8&max_digits=10")
+    assert time.monotonic() - start < 60
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no timer left behind
+
+
+def test_what_a_task_prints_while_it_generates_is_not_shown(capsys):
+    """codeio's generation prints lines such as `WARNING: Friendship already exists`, which train.py would repeat
+    as this project's data warnings."""
+    rg.gym_data("reasoning_gym:codeio?size=100")
+    assert "WARNING" not in capsys.readouterr().out
