@@ -468,7 +468,7 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
                                                  longer samples are dropped, and the drop is said
         --max_answer_seq_len, --max_new_tokens   ANSWER_ROOM x the percentile of the reference answers' lengths
                                                  of `data_paths` (--max_answer_seq_len: at most the context less
-                                                 --max_prompt_seq_len)
+                                                 --max_prompt_seq_len; --max_new_tokens: at most half the context)
 
     Data without reference answers gets UNMEASURED_ANSWER_TOKENS for an answer length, and says so."""
     context = auto_length_cap(tokenizer)
@@ -495,6 +495,9 @@ def fit_auto_lengths(args, data_paths, tokenizer, *datasets, rebuild=None):
         if name == "max_answer_seq_len" and isinstance(prompt_len, int) and 1 <= context - prompt_len < bound:
             bound = context - prompt_len  # a prompt and its answer within the context
             why = f" (the context {context} less --max_prompt_seq_len {prompt_len})"
+        elif name == "max_new_tokens" and context // 2 < bound:
+            bound = context // 2  # the evaluation's prompts are not measured here: leave them the other half
+            why = f" (half the context {context}: the other half for the prompt)"
         if value > bound:
             value, measured = bound, f"{measured}: {value}, capped at {bound}{why}"
         setattr(args, name, value)

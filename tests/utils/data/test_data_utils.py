@@ -659,6 +659,22 @@ def test_auto_percentiles_and_the_cap(tmp_path, tiny_tokenizer, capsys, monkeypa
         fitted("auto")
 
 
+def test_an_auto_answer_length_of_the_evaluation_leaves_half_the_context_to_the_prompt(tmp_path, tiny_tokenizer,
+                                                                                       monkeypatch, capsys):
+    """prompt_eval.py's --max_new_tokens auto on answers longer than the context (arc_agi's: 3,250 tokens against
+    the tiny model's 512) was the whole context, which its own check then refused: no room for a prompt."""
+    from argparse import Namespace
+
+    from utils.data.data_utils import fit_auto_lengths
+
+    data = long_tailed_data(tmp_path / "data")
+    monkeypatch.setattr(tiny_tokenizer, "model_max_length", 16)
+    args = Namespace(seed=1, max_new_tokens="auto:max")
+    fit_auto_lengths(args, [str(data)], tiny_tokenizer)
+    assert args.max_new_tokens == 8
+    assert "capped at 8 (half the context 16: the other half for the prompt)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("text, expected", [("auto", "auto"), ("auto:max", "auto:max"), ("auto:50", "auto:50"),
                                             ("auto:100", "auto:100"), ("1", 1), ("64", 64)])
 def test_length_flags_take_a_positive_number_or_auto(text, expected):
