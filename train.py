@@ -200,7 +200,10 @@ def parse_args(argv=None):
     data_set_by_step = any(flag.startswith("--data_path") for flags in step_flags(args).values() for flag in flags)
     defaults = checker_defaults(args, data_set_by_step)
     if defaults:
-        print(f"--algorithm {args.algorithm} takes {shlex.join(defaults)} by default on data with a checker (the "
+        given = {arg.split("=")[0] for arg in argv if arg.startswith("--")}  # the user's own win: not said as taken
+        taken = [part for flag, value in zip(defaults[::2], defaults[1::2]) if flag not in given
+                 for part in (flag, value)]
+        print(f"--algorithm {args.algorithm} takes {shlex.join(taken)} by default on data with a checker (the "
               f"best measured recipe); {defaults[0]} none opts out", flush=True)
     recipe = train_recipe(args) if args.time_budget is None else []
     if recipe:

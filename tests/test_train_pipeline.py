@@ -571,6 +571,10 @@ def test_dry_run_of_dpo_on_the_builtin_task_says_which_default_it_took_then_show
                         "checker (the best measured recipe); --pair-judge none opts out")
     assert sum("sample_pairs.py" in line for line in lines) == 4 and sum("step2_dpo" in line for line in lines) == 4
     assert f"--output_dir {tmp_path}/out/dpo-models/tiny " in lines[-2] and "prompt_eval.py" in lines[-1]
+    # A default the user sets is the user's: the line no longer says 4 rounds are taken where 2 run.
+    lines = dry_run("--algorithm", "dpo", "--pair-rounds", "2", "--output-dir", str(tmp_path / "out"))
+    assert lines[0].startswith("--algorithm dpo takes --pair-judge builtin by default on data with a checker")
+    assert sum("sample_pairs.py" in line for line in lines) == 2
 
 
 def test_eval_prompts_and_samples_reach_the_closing_evaluation_after_the_recipe(tmp_path):
