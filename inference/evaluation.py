@@ -403,9 +403,10 @@ def scores_as_a_constant(score, stats, group="all"):
     """True when the answers to `group`'s questions are mostly one answer (top_answer_share at least
     COLLAPSED_SHARE) or score as one answer would (scored_as_constant at least ALIKE_SHARE), and `score` is no
     better than the best constant answer's: the score is what answering one thing earns, not the skill
-    (format_answer_stats, the pipeline's report)."""
+    (format_answer_stats, the pipeline's report). A constant answer that earns nothing explains no score (sudoku,
+    graph_color: 0 scored as 0 is no collapse to warn of)."""
     constant = stats.get("best_constant", {}).get(group)
-    return (score is not None and constant is not None and score <= constant
+    return (score is not None and constant is not None and 0 < constant and score <= constant
             and (stats["top_answer_share"][group] >= COLLAPSED_SHARE
                  or stats.get("scored_as_constant", {}).get(group, 0.0) >= ALIKE_SHARE))
 

@@ -188,6 +188,12 @@ def test_answers_worded_apart_that_score_as_one_answer_does_are_a_constant_answe
     assert answer_stats(prompts, wrong, checker)["scored_as_constant"]["all"] == 0.0
     mostly = echoes[:27] + right[27:]  # "1" but for three questions, one of them where "1" was right: still one
     assert answer_stats(prompts, mostly, checker)["scored_as_constant"]["all"] == pytest.approx(18 / 20)
+    # A task no answer solves (sudoku, graph_color for a small model): one answer scoring 0 everywhere, as every
+    # constant does, is no collapse to warn of (before: "the gain is a constant answer" for 0 -> 0).
+    nothing = Checker(lambda prompts, answers: {"all": 0.0}, None)
+    alike = answer_stats(prompts, ["no idea"] * len(prompts), nothing)
+    assert alike["best_constant"]["all"] == 0.0 and alike["top_answer_share"]["all"] == 1.0
+    assert not scores_as_a_constant(0.0, alike)
 
 
 def test_held_out_prompts_too_long_for_the_context_are_left_out_and_counted(tiny_tokenizer, capsys):
