@@ -150,9 +150,9 @@ class SampleCounter:
     rows checked against a length limit, the tokens each needs whole and how many the limit dropped, for
     `length_warning`."""
 
-    def __init__(self, what):
+    def __init__(self, what, context=None):
         self.what, self.kept, self.skipped, self.trimmed, self.turns = what, 0, {}, 0, 0
-        self.needed, self.too_long, self.limit = [], 0, None
+        self.needed, self.too_long, self.limit, self.context = [], 0, None, context
 
     def skip(self, reason):
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -175,14 +175,17 @@ class SampleCounter:
     def length_warning(self):
         """One line when the length limit dropped more than a tenth of the rows it checked (None otherwise): the
         counts, and the limit that would keep 95% of them whole (the 95th percentile of the tokens they need,
-        sorted(needed)[ceil(0.95 n) - 1])."""
+        sorted(needed)[ceil(0.95 n) - 1]), or, where that is past the model's `context`, that no limit would."""
         rows = len(self.needed)
         if self.too_long * 10 <= rows:
             return None
         flag, limit = self.limit
         keep_95 = sorted(self.needed)[math.ceil(0.95 * rows) - 1]
+        advice = (f"{flag} {keep_95} would keep 95% of them whole" if self.context is None or keep_95 <= self.context
+                  else f"95% of them need {keep_95} tokens, past the model's context of {self.context}: a model with "
+                       "a longer context, or shorter rows, would keep them")
         return (f"WARNING: {flag} {limit} dropped {self.too_long} of {rows} rows of {self.what} "
-                f"({self.too_long / rows:.0%}); {flag} {keep_95} would keep 95% of them whole")
+                f"({self.too_long / rows:.0%}); {advice}")
 
     def counts(self):
         """{"read": rows, "kept": samples, "skipped": {reason: rows}}, and "trimmed": the kept samples whose prompt
@@ -414,11 +417,16 @@ def percentile_length(lengths, percentile):
     return sorted(lengths)[max(1, math.ceil(percentile / 100 * len(lengths))) - 1]
 
 
-def auto_length_cap(tokenizer):
-    """The most tokens an `auto` length may take: the model's context as its tokenizer states it, else
-    AUTO_LENGTH_CAP (Hugging Face stores a huge placeholder when the context is unknown)."""
+def stated_context(tokenizer):
+    """The model's context as its tokenizer states it; None where it does not (Hugging Face stores a huge
+    placeholder when the context is unknown)."""
     context = getattr(tokenizer, "model_max_length", None)
-    return context if isinstance(context, int) and 0 < context < 10 ** 6 else AUTO_LENGTH_CAP
+    return context if isinstance(context, int) and 0 < context < 10 ** 6 else None
+
+
+def auto_length_cap(tokenizer):
+    """The most tokens an `auto` length may take: the model's stated context, else AUTO_LENGTH_CAP."""
+    return stated_context(tokenizer) or AUTO_LENGTH_CAP
 
 
 def data_bound(length):
@@ -583,7 +591,7 @@ def create_prompt_dataset(data_paths, data_split, output_path, train_phase, seed
     check_columns_apply(data_paths, columns)
     datasets, counts = {}, {}
     for split_name in ("train", "eval"):
-        counter = SampleCounter(f"phase {train_phase} {split_name}")
+        counter = SampleCounter(f"phase {train_phase} {split_name}", stated_context(tokenizer))
         samples, rows_in_part, rows_in_all = [], 0, 0
         for data_path in data_paths:
             raw = get_raw_dataset(data_path, seed, columns)

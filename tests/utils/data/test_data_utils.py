@@ -240,6 +240,19 @@ def test_a_limit_that_drops_over_a_tenth_warns_with_counts_and_the_limit_that_ke
     assert counter.report() == f"{counter.summary()}\n{warning}"
 
 
+def test_rows_past_the_models_context_are_said_to_be_so_not_given_a_limit_the_model_cannot_take(tiny_tokenizer):
+    """rectangle_count's prompts need about 6,900 tokens of the tiny model's 512: the warning advised --max_seq_len
+    6876, which the model cannot take."""
+    pairs = varied_pairs(40)
+    counter = SampleCounter("pairs", context=50)
+    for pair in pairs:
+        pair_sample(tiny_tokenizer, *pair, 48, counter)
+    keep_95 = sorted(counter.needed)[37]
+    assert keep_95 > 50
+    assert counter.length_warning().endswith(f"; 95% of them need {keep_95} tokens, past the model's context of 50: "
+                                             "a model with a longer context, or shorter rows, would keep them")
+
+
 def test_a_limit_that_drops_a_tenth_or_less_says_nothing(tiny_tokenizer):
     pairs = varied_pairs(40)
     longest = max(len(tiny_tokenizer(p)["input_ids"]) + len(ids(tiny_tokenizer, c)) + 1 for p, c, _ in pairs)
