@@ -521,8 +521,8 @@ def _instruction_layout(value: dict, where: str) -> dict:
     if "history" in value and isinstance(value.get("prompt"), list):
         value["prompt"] = _history(value["history"], where) + value["prompt"]
     for field in SYSTEM_FIELDS:
-        if value.get(field) is not None and _text(value, field, where).strip():
-            return _with_system(value, value[field])
+        if value.get(field) is not None:  # empty or not, a row with a system column reads as a conversation
+            return _with_system(value, _text(value, field, where))
     return value
 
 
@@ -575,13 +575,17 @@ def _history(history: Any, where: str) -> list[dict]:
 
 
 def _with_system(value: dict, system: str) -> dict:
-    """The row with its `system` text as the prompt's (or chat's) first message, unless it has one already."""
+    """The row with its prompt (or chat) as messages, its `system` text the first one unless it is empty or the
+    messages have one already: every row of a file with a system column is read as a conversation alike (Intel's
+    orca_dpo_pairs and truthy-dpo leave some rows' system empty)."""
     key = "prompt" if "prompt" in value else "messages" if "messages" in value else None
     if key is None:
         return value
     messages = _turn_messages(value[key]) if isinstance(value[key], str) else value[key]
-    if not isinstance(messages, list) or any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
+    if not isinstance(messages, list):
         return value
+    if not system.strip() or any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
+        return {**value, key: messages}
     return {**value, key: [{"role": "system", "content": system}, *messages]}
 
 

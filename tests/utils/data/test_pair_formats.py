@@ -700,3 +700,13 @@ def test_helpsteer2_multi_turn_prompts_in_nemo_markup_are_read_as_their_turns(tm
         (expected, " 6.", " 7."), ("Be brief.\n\n Human: Hi? Assistant:", " Hi.", None)]
     assert read_pair({"prompt": "Say <extra_id_1>User without a new line."}, "r")["prompt"] == \
         "Say <extra_id_1>User without a new line."  # a mark only at a line's start, before a new line
+
+
+def test_rows_of_a_file_with_a_system_column_read_alike_whether_their_system_is_empty_or_not():
+    """jondurbin/truthy-dpo, Intel/orca_dpo_pairs: a `system` column, empty on some rows. An empty one left its row
+    in the verbatim text form (prompt and answer glued: "park?No location."), a full one made it a conversation."""
+    row = {"prompt": "Nearest park?", "chosen": "No location.", "rejected": "Yosemite."}
+    empty, full = read_pair({"system": "", **row}, "r"), read_pair({"system": "Be kind.", **row}, "r")
+    assert empty == {"prompt": " Human: Nearest park? Assistant:", "chosen": " No location.", "rejected": " Yosemite."}
+    assert full == {**empty, "prompt": "Be kind.\n\n" + empty["prompt"]}
+    assert read_pair(row, "r") == row  # no system column: DeepSpeed-Chat's text form, verbatim, as before
