@@ -363,8 +363,11 @@ def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpai
         else:
             chosen = raw.get_chosen(row)
             rejected = raw.get_rejected(row) if train_phase == 2 else None
-            if chosen is None or (train_phase == 2 and rejected is None):
+            if chosen is None:
                 counter.skip("no answer")
+                continue
+            if train_phase == 2 and rejected is None:  # SFT or KTO rows: an answer, but no pair
+                counter.skip("no rejected answer (not a pair)")
                 continue
             if train_phase == 1:
                 samples += sft_samples(tokenizer, prompt, chosen, max_seq_len, counter, every_turn)

@@ -773,3 +773,16 @@ def test_an_unsupervised_file_with_a_bom_reads_and_its_special_token_text_is_tex
     blocks = create_unsupervised_dataset(str(path), None, tiny_tokenizer, 8, 1234)
     ids = [token for block in blocks for token in block["input_ids"]]
     assert ids and tiny_tokenizer.eos_token_id not in ids[:-1]  # the document's one EOS ends it, if kept
+
+
+def test_rows_with_one_answer_are_skipped_by_a_pair_step_as_no_pair_not_as_no_answer(tmp_path, tiny_tokenizer):
+    """Alpaca's or KTO's rows in step 2 or DPO: each has its answer; what it lacks is a rejected one (the count said
+    "no answer")."""
+    from utils.data.data_utils import SampleCounter, build_samples
+    from utils.data.raw_datasets import LocalJsonFile
+
+    rows = [{"prompt": f"What is {i} + 1?", "completion": f" {i + 1}"} for i in range(10)]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    raw, counter = LocalJsonFile(tmp_path / "sft.jsonl"), SampleCounter("pairs")
+    assert build_samples(raw, raw.get_train_data(), 2, tiny_tokenizer, 64, counter) == []
+    assert counter.skipped == {"no rejected answer (not a pair)": 9}
