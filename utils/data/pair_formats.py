@@ -478,6 +478,8 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 """ShareGPT's speakers (`from`) as roles."""
 SHAREGPT_TOOLS = ("function_call", "observation", "tool", "function")
 """ShareGPT's speakers of tool calls and results (glaive, LLaMA-Factory): a conversation with one is unusable."""
+MESSAGE_TREE = {"message_id", "parent_id"}
+"""The fields of a row that is one message of a conversation tree (OpenAssistant's oasst1), not a whole row."""
 INSTRUCTION_PROMPTS = ("question", "problem", "query", "input")
 """Other names of a prompt string, where a row has no `prompt` (nor `instruction`): Orca's and GSM8K's, MATH's,
 MetaMathQA's, OpenRLHF's default."""
@@ -602,6 +604,10 @@ def _turn_messages(prompt: str) -> list[dict]:
 
 def _unpaired(value: dict, where: str) -> dict[str, str | None]:
     """A prompt alone, or with one answer: the missing answers None."""
+    if "prompt" not in value and MESSAGE_TREE <= set(value):
+        raise DataError(f"{where}: a message of a tree (OpenAssistant's oasst1: 'message_id', 'parent_id'), one row "
+                        "a message; rows must be whole: flatten each path from a tree's root into 'messages' (as "
+                        "oasst1's ready-made chat versions do), or its ranked replies into 'chosen' and 'rejected'")
     if "prompt" not in value and "text" in value:  # TRL's language-modelling form
         raise DataError(f"{where}: field 'text' holds a whole text, with no prompt and answer to tell apart; give "
                         "'prompt' and 'completion', or the chat as 'messages' (or name them with --prompt_key ...)")

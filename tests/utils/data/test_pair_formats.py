@@ -710,3 +710,12 @@ def test_rows_of_a_file_with_a_system_column_read_alike_whether_their_system_is_
     assert empty == {"prompt": " Human: Nearest park? Assistant:", "chosen": " No location.", "rejected": " Yosemite."}
     assert full == {**empty, "prompt": "Be kind.\n\n" + empty["prompt"]}
     assert read_pair(row, "r") == row  # no system column: DeepSpeed-Chat's text form, verbatim, as before
+
+
+def test_a_message_of_an_oasst1_tree_is_refused_saying_rows_must_be_whole():
+    """oasst1 is one row a message (message_id, parent_id, role, text): the error named only 'text', and renaming
+    it as the prompt (its advice) read every reply as a prompt without an answer."""
+    row = {"message_id": "a00", "parent_id": "root0", "text": "Answer 0", "role": "assistant", "rank": 0}
+    with pytest.raises(DataError, match=r"r: a message of a tree \(OpenAssistant's oasst1: 'message_id', "
+                                        r"'parent_id'\), one row a message; rows must be whole"):
+        read_pair(row, "r")
