@@ -40,9 +40,10 @@ decides which), their columns first renamed to these fields by the --<field>_key
 7. **Instruction data and ShareGPT chats**: Alpaca's `instruction` (and `input`, on the next line), `output` (or
    `chosen` and `rejected`), `history` ([[instruction, answer], ...] before it); a `question` (Orca) or an `input`
    (OpenRLHF's default; `problem`, `query`) without a `prompt`; an answer in `output` or `response` without a
-   `chosen`; Dolly's `context` after its instruction like Alpaca's input; ShareGPT's
-   `conversations` of `{"from": "human" | "gpt" | "system", "value"}` (a whole chat, or, with `chosen` and
-   `rejected` messages, the prompt of a pair: LLaMA-Factory's form). Each is a user's turn, read as shape 3 or 4. A
+   `chosen`; Dolly's `context` after its instruction like Alpaca's input; ShareGPT's `conversations` of
+   `{"from": "human" | "gpt" | "system", "value"}` (a whole chat, or, with `chosen` and `rejected` messages, the
+   prompt of a pair: LLaMA-Factory's form), and Capybara's `conversation` of `{"input", "output"}` exchanges, read
+   as ShareGPT's. Each is a user's turn, read as shape 3 or 4. A
    `system` (or `system_prompt`) string column is the prompt's first message wherever the row has none.
 
 8. **A list of ranked or scored answers** (`LISTED_SHAPES`): Nectar's `answers` (`{"answer", "rank"}`, 1 the
@@ -491,10 +492,25 @@ INSTRUCTION_ANSWERS = ("output", "response")
 """Other names of an answer string, where a row has no `chosen` (nor `completion`)."""
 
 
+def _exchanges(exchanges: list, where: str) -> list[dict]:
+    """A chat as a list of exchanges, `{"input": the user's turn, "output": the assistant's}` (LDJnr/Capybara,
+    Pure-Dove), as ShareGPT's messages."""
+    messages = []
+    for index, exchange in enumerate(exchanges):
+        if not (isinstance(exchange, dict) and isinstance(exchange.get("input"), str)
+                and isinstance(exchange.get("output"), str)):
+            raise DataError(f"{where}: field 'conversation', exchange {index}: expected {{\"input\": a string, "
+                            "\"output\": a string}")
+        messages += [{"from": "human", "value": exchange["input"]}, {"from": "gpt", "value": exchange["output"]}]
+    return messages
+
+
 def _instruction_layout(value: dict, where: str) -> dict:
     """A row of shape 7 (instruction data, ShareGPT chats, a `system` column) as one of shapes 3 to 5; other rows
     as they are."""
     value = dict(value)
+    if isinstance(value.get("conversation"), list) and not {"conversations", "messages"} & set(value):
+        value["conversations"] = _exchanges(value.pop("conversation"), where)
     if "conversations" in value and "messages" not in value:
         messages = _sharegpt(value.pop("conversations"), where, "conversations")
         if "chosen" in value or "rejected" in value:  # LLaMA-Factory's pairs: the answers one message each

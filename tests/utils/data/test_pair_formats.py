@@ -719,3 +719,13 @@ def test_a_message_of_an_oasst1_tree_is_refused_saying_rows_must_be_whole():
     with pytest.raises(DataError, match=r"r: a message of a tree \(OpenAssistant's oasst1: 'message_id', "
                                         r"'parent_id'\), one row a message; rows must be whole"):
         read_pair(row, "r")
+
+
+def test_capybaras_conversation_of_exchanges_reads_as_a_chat():
+    """LDJnr/Capybara and Pure-Dove: `conversation` as a list of {"input", "output"} exchanges (before: "missing
+    field 'prompt'")."""
+    row = {"source": "Know-Logic", "conversation": [{"input": "Q 0", "output": "A 0"}, {"input": "More?", "output": "B"}]}
+    assert read_pair(row, "r") == {"prompt": " Human: Q 0 Assistant: A 0 Human: More? Assistant:", "chosen": " B",
+                                   "rejected": None}
+    with pytest.raises(DataError, match=r"r: field 'conversation', exchange 0: expected \{\"input\": a string"):
+        read_pair({"conversation": [{"input": 1, "output": "x"}]}, "r")
