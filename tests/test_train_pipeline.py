@@ -925,6 +925,13 @@ def test_a_file_whose_answers_are_under_unknown_names_is_refused_naming_its_colu
     assert str(err.value).endswith("its rows' columns not read as a prompt or an answer: better, id, worse (name "
                                    "the answers' with --chosen-key and --rejected-key)")
     assert commands("--data-path", "pairs.jsonl", "--chosen-key", "better", "--rejected-key", "worse")[0]
+    # Alpaca's columns were read (as the prompt and the answer): only the column that was not is named.
+    write_jsonl(tmp_path / "alpaca.jsonl", ({"instruction": f"Add 1 to {i}.", "input": "", "output": f"{i + 1}",
+                                             "text": f"Add 1 to {i}. {i + 1}"} for i in range(10)))
+    with pytest.raises(ConfigError) as err:
+        commands("--data-path", "alpaca.jsonl", "--algorithm", "dpo", "--pair-judge", "none")
+    assert str(err.value).endswith("its rows' columns not read as a prompt or an answer: text (name the answers' "
+                                   "with --chosen-key and --rejected-key)")
 
 
 def test_a_stage_that_exits_0_without_saving_fails_the_run(tmp_path, monkeypatch, capsys):

@@ -311,7 +311,7 @@ def plan(args):
         raise ConfigError(f"--data-path {' '.join(data[0]) or 'builtin'} has no preference pairs (a row with a chosen "
                           f"and a rejected answer) for the {on_pairs[0]} stage of --algorithm {args.algorithm}: give "
                           "pair data, --pair-judge FN to judge the actor's own answers, or a critic-free --algorithm "
-                          f"with --reward-fn FN (--step 1 trains SFT alone){named}")
+                          f"with --reward-fn FN (--step 1 trains SFT alone; labelled answers: --algorithm kto){named}")
     if args.pair_judge:
         names.insert(next(i for i, name in enumerate(names) if STAGES[name].step == 2), "pairs")
     repeating = [name for name in names if STAGES[name].repeats]
@@ -374,7 +374,8 @@ def has_pairs(data_paths, columns=()):
 
 def other_columns(data_paths, columns=()):
     """The columns of each data set's first train row that were not read as a prompt or an answer (a pair whose
-    answers are under names the row shapes do not know), sorted."""
+    answers are under names the row shapes do not know; READ_FIELDS were read), sorted."""
+    from utils.data.pair_formats import READ_FIELDS
     from utils.data.raw_datasets import ROW_COLUMNS  # loads datasets: --help and flag errors answer first
 
     names = set()
@@ -385,7 +386,7 @@ def other_columns(data_paths, columns=()):
         except DataError:
             continue
         names.update(json.loads(kept) if kept else ())
-    return sorted(names - {"prompt"})
+    return sorted(names - {"prompt"} - READ_FIELDS)
 
 
 def _some_row(data_paths, columns, test):

@@ -490,6 +490,10 @@ SYSTEM_FIELDS = ("system", "system_prompt")
 """A row's system prompt: LLaMA-Factory's and Orca DPO pairs' `system`, OpenOrca's `system_prompt`."""
 INSTRUCTION_ANSWERS = ("output", "response")
 """Other names of an answer string, where a row has no `chosen` (nor `completion`)."""
+READ_FIELDS = {"instruction", *INSTRUCTION_PROMPTS, *INSTRUCTION_INPUTS, *SYSTEM_FIELDS, *INSTRUCTION_ANSWERS,
+               "history", "conversations", "conversation", "messages", "completion", "label"}
+"""Columns the shapes of instruction data, chats and labelled answers read (besides prompt, chosen and rejected):
+never named as columns left unread."""
 
 
 def _exchanges(exchanges: list, where: str) -> list[dict]:
