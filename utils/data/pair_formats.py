@@ -19,8 +19,8 @@ decides which), their columns first renamed to these fields by the --<field>_key
 
 4. **Prompts alone, or prompts with one answer**: a row with `prompt` and no `chosen` / `rejected` (RL prompts:
    step 3, the evaluation), or with `chosen` (or TRL's `completion`, or a whole chat in `messages`, its last
-   message the answer) and no `rejected` (step 1 as well); the missing answers are None, and a step that needs
-   them skips the row (counted in its log).
+   message the answer, or a prompt where the user's turn ends it) and no `rejected` (step 1 as well); the missing
+   answers are None, and a step that needs them skips the row (counted in its log).
 
 5. **Unpaired feedback** (KTO; TRL's unpaired preference form): `prompt`, one answer in `completion` (a string, or
    messages as in shape 3) and `label`, true for a desirable answer and false for an undesirable one:
@@ -322,10 +322,12 @@ def _read_pair(value: dict, where: str) -> dict[str, str | None]:
         value = {**value, "chosen": value["completion"]}
     if "messages" in value and "chosen" not in value:  # a chat: its last message is the answer (a `prompt` beside
         messages = _messages(value["messages"], where, "messages")  # it, as in ultrachat_200k, repeats its start)
-        if len(messages) < 2 or messages[-1]["role"] != "assistant":
-            raise DataError(f"{where}: field 'messages' must end with an assistant message (the answer) after the "
-                            "prompt's")
-        value = {**value, "prompt": messages[:-1], "chosen": messages}
+        if messages[-1]["role"] != "assistant":  # a chat that ends with the user's turn: a prompt, as ShareGPT's
+            value = {**value, "prompt": messages}
+        elif len(messages) < 2:
+            raise DataError(f"{where}: field 'messages' holds an assistant message alone: no prompt before it")
+        else:
+            value = {**value, "prompt": messages[:-1], "chosen": messages}
     if "rejected" in value and "chosen" not in value:
         raise DataError(f"{where}: missing field 'chosen'")
     if "chosen" not in value or "rejected" not in value:

@@ -159,6 +159,9 @@ def test_a_damaged_parquet_file_is_one_error_naming_it(tmp_path):
      {"prompt": " Human: 2+2? Assistant:", "chosen": " 4", "rejected": None}),
     ({"messages": [{"role": "system", "content": "Be brief."}, user("2+2?"), assistant("4")]},
      {"prompt": "Be brief.\n\n Human: 2+2? Assistant:", "chosen": " 4", "rejected": None}),
+    # A chat that ends with the user's turn is a prompt, as a ShareGPT chat's is (before: an error ending the file).
+    ({"messages": [user("2+2?"), assistant("4"), user("And 3+3?")]},
+     {"prompt": " Human: 2+2? Assistant: 4 Human: And 3+3? Assistant:", "chosen": None, "rejected": None}),
 ])
 def test_prompts_alone_or_with_one_answer(row, expected):
     """RL prompts (OpenRLHF's prompt data, a verifier's questions) and SFT rows (TRL's prompt-completion form)."""
@@ -169,8 +172,7 @@ def test_prompts_alone_or_with_one_answer(row, expected):
     ({"chosen": "c"}, "missing field 'prompt' (a row needs a prompt, or 'chosen' and 'rejected')"),
     ({"prompt": "  "}, "field 'prompt' must be a non-empty string or a list of messages, got an empty string"),
     ({"prompt": {"text": "q"}}, "field 'prompt' must be a non-empty string or a list of messages, got dict"),
-    ({"messages": [user("2+2?")]}, "field 'messages' must end with an assistant message (the answer) after the "
-                                   "prompt's"),
+    ({"messages": [assistant("4")]}, "field 'messages' holds an assistant message alone: no prompt before it"),
     ({"messages": "2+2? 4"}, "field 'messages' must be a non-empty list of messages"),
 ])
 def test_bad_unpaired_rows_name_the_row_and_field(row, message):
