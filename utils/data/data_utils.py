@@ -354,7 +354,7 @@ def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpai
         if unpaired:
             chosen, rejected = raw.get_chosen(row), raw.get_rejected(row)
             if chosen is None and rejected is None:
-                counter.skip("no answer")
+                counter.skip(raw.skip_reason(row) or "no answer")  # a tie's prompt has none to learn from
             else:
                 samples += feedback_samples(tokenizer, prompt, chosen, rejected, max_seq_len, counter)
             continue
@@ -364,7 +364,7 @@ def build_samples(raw, rows, train_phase, tokenizer, max_seq_len, counter, unpai
             chosen = raw.get_chosen(row)
             rejected = raw.get_rejected(row) if train_phase == 2 else None
             if chosen is None:
-                counter.skip("no answer")
+                counter.skip(raw.skip_reason(row) or "no answer")
                 continue
             if train_phase == 2 and rejected is None:  # SFT or KTO rows: an answer, but no pair
                 counter.skip("no rejected answer (not a pair)")

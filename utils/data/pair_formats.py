@@ -67,10 +67,11 @@ Messages may be OpenAI's: content as a list of text parts, the `developer` role 
 
 A row that the text form cannot hold faithfully is read as unusable, with the reason (`UNUSABLE`), and each step
 skips and counts it: HH dialogues or conversations that differ before their last turn (the answers would carry the
-later turns), two responses judged equal (or scored alike, or the chosen below the rejected, by the row's own
-score columns: `SCORED_PAIRS`), messages whose text holds a speaker mark (`Human:`, `Assistant:`),
+later turns), messages whose text holds a speaker mark (`Human:`, `Assistant:`),
 which would read back as turns of their own, conversations with tool calls or results or a part that is not text,
-and ShareGPT dumps' empty chats and chats that start with the assistant (the tail of a split chat).
+and ShareGPT dumps' empty chats and chats that start with the assistant (the tail of a split chat). Two responses
+judged equal (or scored alike, or the chosen below the rejected, by the row's own score columns: `SCORED_PAIRS`)
+are no pair and no answer to imitate, but their prompt is kept (`NoPair`): step 3 and the evaluation take it.
 An empty answer message is no answer, as an empty HH answer. Anything else is a `DataError` naming the row and
 field.
 """
@@ -106,6 +107,16 @@ NEMO_TURN = re.compile(r"\n?<extra_id_[01]>(System|User|Assistant)\n")
 
 class Unusable(Exception):
     """A row the text form cannot hold faithfully; read_pair returns it as a row of None with the reason."""
+
+
+class NoPair(Unusable):
+    """A row whose answers are judged no pair (a tie, scored alike, the chosen scored below the rejected), `row` the
+    row as it reads without that judgement: no answer of it is trained on, but its prompt is still a prompt (step 3,
+    the evaluation; Chatbot Arena's ties are a third of its rows)."""
+
+    def __init__(self, reason: str, row: dict):
+        super().__init__(reason)
+        self.row = row
 
 
 def _index(field: str, first: object = 0) -> Callable[[dict, str], int | None]:
@@ -277,12 +288,19 @@ def unusable_row(reason: str) -> dict[str, str | None]:
 
 def read_pair(value: dict, where: str) -> dict[str, str | None]:
     """{"prompt", "chosen", "rejected"} in the text form from one row of any of the module's shapes (answers None
-    where the row has none; all three None and the reason under UNUSABLE for a row the text form cannot hold);
+    where the row has none; all three None and the reason under UNUSABLE for a row the text form cannot hold, the
+    prompt kept for answers judged no pair);
     `where` ("<file>: row 3 (line 4)") starts every error."""
     value, named = _named(value)
     try:
         _judged_alike(value)
         return _read_pair(value, where)
+    except NoPair as judged:  # its prompt alone: read from the row as it reads without the judgement
+        try:
+            prompt = _read_pair(judged.row, where)["prompt"]
+        except Unusable:
+            prompt = None
+        return {**unusable_row(str(judged)), "prompt": prompt}
     except Unusable as why:
         return unusable_row(str(why))
     except DataError as err:  # a shape-9 row's errors name its own columns
@@ -296,15 +314,15 @@ def _judged_alike(value: dict) -> None:
     alike, the chosen below the rejected, or judged a tie. Scores that are not numbers (null) say nothing."""
     field, tie = TIE_STATUS
     if value.get(field) == tie and "chosen" in value:
-        raise Unusable(TIE)
+        raise NoPair(TIE, value)
     for chosen, rejected in SCORED_PAIRS:
         scores = _as_number(value.get(chosen)), _as_number(value.get(rejected))
         if None in scores:
             continue
         if scores[0] == scores[1]:
-            raise Unusable(f"{TIE}: '{chosen}' equals '{rejected}'")
+            raise NoPair(f"{TIE}: '{chosen}' equals '{rejected}'", value)
         if scores[0] < scores[1]:
-            raise Unusable(f"'{chosen}' is below '{rejected}'")
+            raise NoPair(f"'{chosen}' is below '{rejected}'", value)
 
 
 def relabelled(err: DataError, label: Callable[[str], str | None]) -> DataError:
@@ -375,13 +393,13 @@ def _ranked(value: dict, where: str) -> dict:
                             f"'{shape.second}' is the better; read the row without --chosen_key and --rejected_key, "
                             "which would ignore it")
         better = shape.judge(value, where)
-        if better is None:
-            raise Unusable(TIE)
         answers = [_response(value[field], where, field, shape.prompt is None) for field in (shape.first, shape.second)]
-        row = {"chosen": answers[better], "rejected": answers[1 - better]}
+        row = {"chosen": answers[better or 0], "rejected": answers[1 - (better or 0)]}
         if shape.prompt:
             prompt = value[shape.prompt]  # WebGPT's question is a record whose full_text is the question
             row["prompt"] = prompt["full_text"] if isinstance(prompt, dict) and "full_text" in prompt else prompt
+        if better is None:
+            raise NoPair(TIE, row)
         return row
     return value
 
@@ -456,12 +474,13 @@ def _listed(value: dict, where: str) -> dict:
         if len(ranked) < 2:
             raise Unusable(f"fewer than two answers in '{shape.field}'")
         ranked.sort(key=lambda pair: pair[0])
-        if ranked[0][0] == ranked[-1][0]:
-            raise Unusable(TIE)
         row = {key: item for key, item in value.items() if key != shape.field}
         if isinstance(row.get("prompt"), str):  # Nectar's prompt is in the text form: its turns as messages
             row["prompt"] = _turn_messages(row["prompt"])
-        return {**row, "chosen": ranked[-1][1], "rejected": ranked[0][1]}
+        row = {**row, "chosen": ranked[-1][1], "rejected": ranked[0][1]}
+        if ranked[0][0] == ranked[-1][0]:
+            raise NoPair(TIE, row)
+        return row
     return value
 
 

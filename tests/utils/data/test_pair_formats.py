@@ -441,8 +441,11 @@ def test_more_layouts_of_two_responses_and_a_judgement_are_pairs(row, expected):
       "winner_model_b": 0, "winner_tie": 0}, "a turn without a response"),
 ])
 def test_ties_and_conversations_that_part_early_are_unusable(row, reason):
+    """A tie is no pair, but its prompt is one still (step 3's, the evaluation's); conversations that part before
+    their last turn, or a turn without a response, leave no prompt either."""
     pair = read_pair(row, WHERE)
-    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair[UNUSABLE]
+    prompt = " Human: q Assistant:" if reason == "judged equal (a tie)" else None
+    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (prompt, None, None) and reason in pair[UNUSABLE]
 
 
 @pytest.mark.parametrize("row, message", [
@@ -633,8 +636,10 @@ def test_a_bad_pair_under_other_names_is_an_error_naming_its_own_column():
     ({"input": "q", "chosen": "a", "rejected": "b", "status": "tie"}, "judged equal (a tie)"),
 ])
 def test_a_pair_its_own_score_columns_call_a_tie_or_reverse_is_unusable(row, reason):
+    """No pair, and no answer to imitate; its prompt is still one (step 3's, the evaluation's)."""
     pair = read_pair(row, WHERE)
-    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (None, None, None) and reason in pair[UNUSABLE]
+    assert (pair["prompt"], pair["chosen"], pair["rejected"]) == (" Human: q Assistant:", None, None)
+    assert reason in pair[UNUSABLE]
 
 
 @pytest.mark.parametrize("extra", [{"score_chosen": 8, "score_rejected": 3.5},
@@ -673,7 +678,7 @@ def test_rated_answers_to_one_prompt_are_a_pair_of_the_best_and_the_worst(tmp_pa
     read = rd.read_local_split(path).to_list()
     assert [(row["prompt"], row["chosen"], row["rejected"]) for row in read] == [
         (" Human: Name a prime. Assistant:", " Seven.", " Four."),
-        (None, None, None),  # "Say hi.": rated alike, a tie
+        (" Human: Say hi. Assistant:", None, None),  # "Say hi.": rated alike, a tie: a prompt, no pair
         (" Human: Add 2 and 2. Assistant:", " 5", None)]  # answered once: a prompt with one answer
     assert "judged equal (a tie)" in read[1][UNUSABLE]
     assert rd.read_local_split(path, {"chosen": "response"}).to_list()[0]["chosen"] == "Four."  # read as named
@@ -731,3 +736,21 @@ def test_capybaras_conversation_of_exchanges_reads_as_a_chat():
                                    "rejected": None}
     with pytest.raises(DataError, match=r"r: field 'conversation', exchange 0: expected \{\"input\": a string"):
         read_pair({"conversation": [{"input": 1, "output": "x"}]}, "r")
+
+
+def test_a_ties_prompt_is_an_rl_prompt_and_no_pair_or_sft_row(tmp_path, tiny_tokenizer):
+    """Chatbot Arena: a third of the votes are ties. Their prompts were lost to step 3 and the evaluation too (a
+    small file's eval part could be left with none); now only the steps that train on answers skip them."""
+    from utils.data.data_utils import create_prompt_dataset
+
+    def row(i, winner):
+        return {"conversation_a": [user(f"q{i}"), assistant(f"a{i}")], "conversation_b": [user(f"q{i}"),
+                assistant(f"b{i}")], "winner": winner}
+
+    rows = [row(i, "tie" if i % 2 else "model_a") for i in range(20)]
+    for split in ("train", "eval"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts, _ = create_prompt_dataset([str(tmp_path)], "0,0,1", str(tmp_path / "cache"), 3, 1, tiny_tokenizer, 64)
+    pairs, _ = create_prompt_dataset([str(tmp_path)], "0,1,0", str(tmp_path / "cache"), 2, 1, tiny_tokenizer, 64)
+    assert prompts.counts["train"]["kept"] == 20 and prompts.counts["train"]["skipped"] == {}
+    assert pairs.counts["train"] == {"read": 20, "kept": 10, "skipped": {"the responses are judged equal (a tie)": 10}}
