@@ -176,8 +176,8 @@ def eval_pairs(model, tokenizer, args):
         if row["prompt"] is None:  # a row the text form cannot hold (pair_formats)
             counter.skip(row.get(UNUSABLE) or "no prompt")
             continue
-        if row["chosen"] is None or row["rejected"] is None:  # a prompt alone, or an answer left empty
-            counter.skip("no answer")
+        if row["chosen"] is None or row["rejected"] is None:  # a prompt alone, a tie, or an answer left empty
+            counter.skip(row.get(UNUSABLE) or "no answer")
             continue
         sample = pair_sample(tokenizer, row["prompt"], row["chosen"], row["rejected"], args.max_seq_len, counter)
         if sample is not None:
