@@ -15,8 +15,9 @@ runs:
    file, stdout included), RLIMIT_NOFILE and RLIMIT_CORE (no core file);
 5. installs an audit hook (sys.addaudithook, which cannot be removed) that refuses sockets, processes (fork,
    exec, spawn, subprocess, system, kill), imports of ctypes, gc and the process and socket modules, opening a
-   file for writing outside the folder or reading one outside the folder and the Python installation, and
-   changing files or folders outside the folder.
+   file for writing outside the folder or reading one outside the folder and the Python installation, changing
+   files or folders outside the folder, changing the working directory and opening a folder (the hook sees the
+   paths of opens, never their `dir_fd`: without a folder's descriptor no `dir_fd=` path can reach past it).
 
 The parent waits at most `timeout` seconds of wall-clock time, then kills the whole process group (and does so in
 any case when the call ends); the output is cut to `output_limit` characters. tests/utils/runtime/test_sandbox.py
@@ -77,7 +78,7 @@ sys.stderr.flush()
 
 def _hook(event, args, folder=os.path.realpath(folder) + os.sep,
           readable=tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}),
-          realpath=os.path.realpath, fspath=os.fsdecode, written=[0], max_written=max_written,
+          realpath=os.path.realpath, isdir=os.path.isdir, fspath=os.fsdecode, written=[0], max_written=max_written,
           processes=frozenset(("os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
                                "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn",
                                "os.startfile", "sys.remote_exec")),
@@ -97,10 +98,14 @@ def _hook(event, args, folder=os.path.realpath(folder) + os.sep,
         raise PermissionError("sandbox: %%s is not allowed" %% event)
     if event == "import" and args[0].split(".")[0] in blocked_imports:
         raise ImportError("sandbox: import of %%s is not allowed" %% args[0])
+    if event == "os.chdir":  # relative paths are judged from the folder: the working directory stays there
+        raise PermissionError("sandbox: changing the working folder is not allowed")
     if event == "open":
         path, mode, flags = args
         if path is None:
             return
+        if not isinstance(path, int) and isdir(fspath(path)):  # a folder's descriptor would let dir_fd= paths,
+            raise PermissionError("sandbox: opening a folder is not allowed")  # which this hook never sees, out
         writing = (any(c in (mode or "") for c in "wax+")
                    or (flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC))
         if writing:

@@ -2,6 +2,7 @@
 never the caller. Each layer is also tried alone (the audit hook off) where this machine provides it."""
 import os
 import socket
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -103,6 +104,26 @@ def test_files_outside_the_working_folder_cannot_be_written_or_read():
     assert not target.exists() and not Path("/tmp/sandbox-escape-dir").exists()
     inside = run_python("open('notes.txt', 'w').write('kept')\nprint(open('notes.txt').read())")
     assert (inside.ok, inside.output) == (True, "kept\n")
+
+
+def test_no_dir_fd_path_reaches_past_the_folder_and_the_working_directory_stays():
+    """The hook judges an open's path from the working directory; `dir_fd=` is never in its event. From a folder
+    deep inside, `os.open('..', dir_fd=fd)` six times reached `/`, and files outside were read and written (as
+    nobody, and as a user); after `os.chdir('/work')`, `os.listdir()` listed it."""
+    target = Path(tempfile.gettempdir()) / f"sandbox-escape-{os.getpid()}"
+    escape = ("import os\nos.makedirs('a/b/c/d/e/f/g/h')\nfd = os.open('.', os.O_RDONLY)\n"
+              "os.chdir('a/b/c/d/e/f/g/h')\nfor _ in range(12):\n    fd = os.open('..', os.O_RDONLY, dir_fd=fd)\n"
+              f"w = os.open({str(target)[1:]!r}, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)\nos.write(w, b'x')")
+    prefix = ("import os, sys\nfd = os.open(sys.prefix, os.O_RDONLY)\n"
+              "os.write(os.open('escaped', os.O_WRONLY | os.O_CREAT, dir_fd=fd), b'x')")
+    for code in (escape, prefix, "import os\nos.chdir('/')\nprint(os.listdir())",
+                 "import os\nos.fchdir(os.open('/', os.O_RDONLY))"):
+        result = run_python(code)  # the hook's refusal, or (as nobody) the file system's
+        assert not result.ok and ("sandbox" in result.output or "PermissionError" in result.output), code
+    assert not target.exists() and not (Path(sys.prefix) / "escaped").exists()
+    inside = run_python("import os\nos.makedirs('a/b')\nopen('a/b/n.txt', 'w').write('ok')\n"
+                        "print(open('a/b/n.txt').read(), os.listdir('a'))")
+    assert (inside.ok, inside.output) == (True, "ok ['b']\n")
 
 
 def test_as_nobody_the_file_system_alone_refuses_writes_outside():
