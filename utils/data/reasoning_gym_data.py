@@ -58,8 +58,6 @@ import enum
 import io
 import itertools
 import re
-import signal
-import threading
 import types
 import typing
 import zlib
@@ -72,6 +70,7 @@ from utils.data.prompting import text_prompt
 from utils.data.prompting import parse_dialogue
 from utils.data.raw_datasets import RawDataset
 from utils.runtime.errors import ConfigError, DataError, one_line
+from utils.runtime.time_limit import Overtime, time_limit
 from utils.runtime.tool_format import ToolFormat
 
 PREFIX = "reasoning_gym:"
@@ -374,32 +373,6 @@ never returns (basic_arithmetic with terms of 8-10 digits tries every divisor of
 hang before its first step, saying nothing."""
 
 
-class _Overtime(BaseException):
-    """Raised into a question's generation when ITEM_SECONDS have passed: a BaseException, so that no `except
-    Exception` in the task's own code swallows it."""
-
-
-@contextlib.contextmanager
-def _generating():
-    """A block that generates reasoning-gym questions: what the task prints is discarded (codeio prints lines like
-    `WARNING: Friendship already exists`, which would read as this project's data warnings), and in the main thread
-    it is stopped after ITEM_SECONDS (_Overtime)."""
-    def overtime(signum, frame):
-        raise _Overtime
-
-    timed = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGALRM, overtime) if timed else None
-    if timed:
-        signal.setitimer(signal.ITIMER_REAL, ITEM_SECONDS)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        if timed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-
-
 def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, list[Item]]:
     """{part: [Item]} of one task: items 0, 1, ... of the task's data set (seeded with task_spec.seed), each new
     question (not in `seen`, which is updated) put in its part until the part is full; at most
@@ -421,9 +394,9 @@ def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, lis
         if all(len(parts[part]) >= wanted[part] for part in PARTS):
             break
         try:
-            with _generating():
-                entry = dataset[index]
-        except _Overtime:
+            with time_limit(ITEM_SECONDS), contextlib.redirect_stdout(io.StringIO()):  # what a task prints (codeio:
+                entry = dataset[index]  # "WARNING: Friendship already exists") would read as our data warnings
+        except Overtime:
             raise DataError(f"{where}: reasoning-gym took over {ITEM_SECONDS} s to generate question {index} (its "
                             "questions take milliseconds): these settings are beyond what the task can make; try "
                             "smaller ones") from None

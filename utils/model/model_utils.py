@@ -10,6 +10,7 @@ from utils.model.smollm2 import smollm2_model_path
 from utils.model.tiny import tiny_model_path
 from utils.runtime.args import is_auto
 from utils.runtime.errors import ConfigError
+from utils.runtime.time_limit import Overtime, time_limit
 
 BUILTIN_MODELS = ("tiny", "smollm2-135m")
 REWARD_MODEL_KEY = "chatrlhf_reward_model"
@@ -108,10 +109,35 @@ def load_tokenizer(path, trust_remote_code=False, padding_side="right"):
     if isinstance(context, bool) or not isinstance(context, (int, float)) or not context > 0:
         raise ConfigError(f"model folder {path}: tokenizer_config.json's 'model_max_length' must be a number of "
                           f"tokens, got {context!r}")
+    _check_template_ends(tokenizer, path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
     return tokenizer
+
+
+TEMPLATE_SECONDS = 10
+"""The longest a model's chat template may take to write a short conversation (real ones take milliseconds)."""
+PROBE_CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
+              {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "And you?"}]
+
+
+def _check_template_ends(tokenizer, path):
+    """A ConfigError for a chat template that does not write PROBE_CHAT within TEMPLATE_SECONDS: Jinja's sandbox
+    bounds each range to 100,000 steps, not two nested in each other, and the data, the evaluation and chat.py would
+    hang on the first prompt. A template that refuses the conversation is judged where a real one meets it
+    (utils.data.prompting)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return
+    try:
+        with time_limit(TEMPLATE_SECONDS):
+            tokenizer.apply_chat_template(PROBE_CHAT, tokenize=False, add_generation_prompt=True)
+    except Overtime:
+        raise ConfigError(f"model folder {path}: its chat template took over {TEMPLATE_SECONDS} s to write a "
+                          "two-turn conversation (a loop without end?); fix chat_template in tokenizer_config.json "
+                          "(or chat_template.jinja)") from None
+    except Exception:  # noqa: BLE001 (refused, say, a system message: what prompting makes of it)
+        pass
 
 
 def load_model_config(path, trust_remote_code=False):

@@ -225,3 +225,26 @@ def test_last_logits_kwargs_give_the_last_positions_logits_of_a_full_forward(sma
     assert last.shape[1] == (4 if "logits_to_keep" in last_logits_kwargs(model, 4) else 9)
     assert kind != "llama" or last.shape[1] == 4
     torch.testing.assert_close(last[:, -4:], full[:, -4:])
+
+
+def test_a_chat_template_that_never_ends_is_one_error_naming_the_folder(tmp_path, tiny_tokenizer, monkeypatch):
+    """Jinja's sandbox bounds one range to 100,000 steps, not two nested: chat.py hung on such a template (and so
+    would the data and the evaluation)."""
+    import time
+
+    from utils.model import model_utils
+
+    monkeypatch.setattr(model_utils, "TEMPLATE_SECONDS", 1)
+    folder = tmp_path / "looping"
+    tiny_tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"model folder {folder}: its chat template took over 1 s to write a "
+                                          "two-turn conversation"):
+        model_utils.load_tokenizer(str(folder))
+    assert time.monotonic() - start < 30
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # a template that ends: kept
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert model_utils.load_tokenizer(str(folder)).chat_template == config["chat_template"]
