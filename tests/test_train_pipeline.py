@@ -378,7 +378,7 @@ def test_a_reward_function_needs_a_critic_free_algorithm():
      "reasoning_gym", "--algorithm grpo takes --reward-fn reasoning_gym by default"),
     # what the user gives wins
     (["--algorithm", "dpo", "--pair-rounds", "2"], ["sft", "pairs", "dpo", "pairs@2", "dpo@2"], "builtin", None,
-     "--pair-judge builtin --pair-rounds 4"),
+     "--algorithm dpo takes --pair-judge builtin by default"),
     (["--algorithm", "dpo", "--pair-judge", "builtin"], ["sft", "pairs", "dpo"], "builtin", None, ""),
     (["--algorithm", "grpo", "--pair-judge", "builtin"], ["sft", "pairs", "reward", "rl"], "builtin", None, ""),
     (["--algorithm", "grpo", "--reward-fn", "reasoning_gym_solved", "--data-path", "reasoning_gym:gcd"],
