@@ -52,7 +52,7 @@ import torch
 from utils.data.builtin_task import score_answer
 from utils.data.reasoning_gym_data import reasoning_gym_reward_fn as verifier_of
 from utils.rl.reward_columns import ColumnCall, DataRows, check_columns, with_columns
-from utils.runtime.args import column_keys
+from utils.runtime.args import MAX_TIMEOUT_SECONDS, column_keys
 from utils.runtime.errors import ChatRLHFError, ConfigError, error_line
 
 REWARD_FN_TIMEOUT = 600.0
@@ -188,8 +188,9 @@ def reward_fn_timeout():
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds, not {text!r}")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_SECONDS):
+        raise ConfigError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds, at most {MAX_TIMEOUT_SECONDS}, "
+                          f"not {text!r}")
     return seconds
 
 

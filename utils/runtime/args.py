@@ -494,6 +494,15 @@ def _positive(value):
     return value > 0
 
 
+MAX_TIMEOUT_SECONDS = 10 ** 6
+"""The longest timeout taken (11.6 days, longer than any run): the clocks that keep one (a timer, faulthandler)
+overflow at 1e10 seconds or so."""
+
+
+def _timeout(value):
+    return 0 < value <= MAX_TIMEOUT_SECONDS
+
+
 def _non_negative(value):
     return value >= 0
 
@@ -506,7 +515,8 @@ FLAG_RANGES = {
     **dict.fromkeys(("learning_rate", "lora_learning_rate", "actor_learning_rate", "critic_learning_rate",
                      "actor_lora_learning_rate", "critic_lora_learning_rate", "temperature", "cliprange",
                      "cliprange_value", "adaptive_kl_horizon", "beta", "desirable_weight",
-                     "undesirable_weight", "tool_timeout", "entropy_coef_step"), ("positive", _positive)),
+                     "undesirable_weight", "entropy_coef_step"), ("positive", _positive)),
+    "tool_timeout": (f"a positive number of seconds, at most {MAX_TIMEOUT_SECONDS}", _timeout),
     **dict.fromkeys(("weight_decay", "max_train_minutes", "actor_weight_decay", "critic_weight_decay", "kl_coef", "adaptive_kl_target",
                      "reward_clip", "unsup_coef", "missing_eos_penalty", "cliprange_low", "cliprange_high",
                      "kl_loss_coef", "overlong_penalty", "positive_nll_coef", "rpo_alpha", "deadline",
