@@ -251,7 +251,7 @@ def call_reward_fn(reward_fn, name, prompts, answers, flag="--reward_fn"):
     stop = threading.Event()
 
     def scores():
-        values = reward_fn(prompts, answers)
+        values = reward_fn(list(prompts), list(answers))  # copies: what it does to them changes no count here
         if isinstance(values, NOT_A_LIST) or not hasattr(values, "__iter__"):
             raise _NotANumber(f"it returned a {type(values).__name__}: {_short(values)}")
         numbers = []

@@ -93,6 +93,9 @@ def raises(prompts, answers):
     (lambda p, a: [math.inf, 0.0], "returned inf for answer 0"),
     (lambda p, a: None, "the reward function --reward_fn mine:f did not return a list of numbers"),
     (lambda p, a: ["good", "bad"], "did not return a list of numbers"),
+    # it empties its inputs and returns no value: the count is of the answers it was given (was: 0 for 0, passed)
+    (lambda p, a: (p.clear(), a.clear(), [])[-1], "the reward function --reward_fn mine:f returned 0 values for 2 "
+                                                  "answers"),
 ])
 def test_a_bad_reward_is_an_error_naming_the_function(function, message):
     with pytest.raises(ChatRLHFError) as error:
