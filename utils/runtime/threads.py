@@ -73,17 +73,26 @@ def choose_threads(cpus, busy, processes=1):
     return threads, why
 
 
+def thread_counts(text):
+    """Whether `text` is an OMP_NUM_THREADS value OpenMP takes: a positive count, or a comma list of them (one per
+    nesting level)."""
+    return all(part.strip().isdigit() and int(part) > 0 for part in text.split(","))
+
+
 def omp_settings(environ, processes=1, busy=None, cpus=None):
     """({variable: value} to set, [why, ...]): the thread count and wait policy for a process started with
-    `environ`; a variable the user set is kept (and nothing is measured when OMP_NUM_THREADS is set)."""
+    `environ`; a variable the user set is kept (and nothing is measured when OMP_NUM_THREADS is set to a count)."""
     settings, reasons = {}, []
-    if "OMP_NUM_THREADS" in environ:
-        reasons.append(f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']} (set by the caller)")
-    else:
+    given = environ.get("OMP_NUM_THREADS")
+    if given is not None and thread_counts(given):
+        reasons.append(f"OMP_NUM_THREADS={given} (set by the caller)")
+    else:  # unset, or no count OpenMP takes ("banana", "0": libgomp says so and runs on as if unset)
         cpus = allowed_cpus() if cpus is None else cpus
         busy = sample_busy_shares(cpus) if busy is None else busy
         threads, why = choose_threads(cpus, busy, processes)
         settings["OMP_NUM_THREADS"] = str(threads)
+        if given is not None:
+            why += f"; the caller's {given!r} is no positive thread count"
         reasons.append(f"OMP_NUM_THREADS={threads} (auto: {why})")
     if not any(name in environ for name in WAIT_VARIABLES):
         settings["OMP_WAIT_POLICY"] = "PASSIVE"

@@ -1,9 +1,11 @@
 """Tests of utils/runtime/threads.py: busy shares from /proc/stat samples, threads per process from the idle CPUs, the
-OpenMP variables added (never one the user set), and the launch scripts' use of it."""
+OpenMP variables added (never one the user set, unless OpenMP would not take it), and the launch scripts' use of it."""
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from utils.runtime.threads import busy_shares, choose_threads, cpu_times, omp_settings
 
@@ -53,6 +55,16 @@ def test_omp_settings_never_override_what_the_user_set():
     for wait in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}):
         settings, reasons = omp_settings({"OMP_NUM_THREADS": "1", **wait}, cpus=[0])
         assert settings == {} and len(reasons) == 2
+    assert omp_settings({"OMP_NUM_THREADS": "4,2"}, busy={}, cpus=[0])[0] == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@pytest.mark.parametrize("value", ["banana", "0", "-4", "", "2,x"])
+def test_a_thread_count_openmp_would_not_take_is_replaced_by_the_measured_one_and_said(value):
+    """libgomp prints "Invalid value for environment variable OMP_NUM_THREADS" and runs on its own default: the
+    value was passed on to every step."""
+    settings, reasons = omp_settings({"OMP_NUM_THREADS": value}, busy={0: 0.0, 1: 0.0}, cpus=[0, 1])
+    assert settings["OMP_NUM_THREADS"] == "2"
+    assert reasons[0].endswith(f"; the caller's {value!r} is no positive thread count)")
 
 
 def test_launch_scripts_export_the_choice_and_keep_the_callers():
