@@ -266,6 +266,8 @@ def check_args(args):
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
     if args.time_budget is not None and not 0 <= args.time_budget < float("inf"):
         raise ConfigError(f"--time-budget must be a number of minutes, at least 0, not {args.time_budget}")
+    if args.save_steps < 0:  # refused here, not by a step's parser under --stepN-args it was never in
+        raise ConfigError(f"--save-steps must be at least 0 (0: no checkpoints), not {args.save_steps}")
     if args.time_budget and not has_step3(args):
         raise ConfigError(f"--time-budget bounds step 3's RL, but --algorithm {args.algorithm} has no step 3")
     if args.pair_judge and not any(STAGES[name].step == 2 for name in stages):

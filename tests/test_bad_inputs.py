@@ -616,6 +616,9 @@ CASES = [
     Case("train.py --pair-rounds 0", "train.py",
          ["--algorithm", "dpo", "--pair-judge", "builtin", "--pair-rounds", "0", "--output-dir", "{out}"],
          ("--pair-rounds must be at least 1, not 0",)),
+    Case("train.py --save-steps -1 (was: blamed on --step1-args, and a dry run passed it)", "train.py",
+         ["--save-steps", "-1", "--dry-run", "--output-dir", "{out}"],
+         ("--save-steps must be at least 0 (0: no checkpoints), not -1",)),
     Case("train.py --pair-rounds without --pair-judge", "train.py",
          ["--algorithm", "dpo", "--pair-judge", "none", "--pair-rounds", "2", "--output-dir", "{out}"],
          ("--pair-rounds repeats --pair-judge's sampling and DPO: it needs --algorithm dpo and --pair-judge",)),
@@ -895,3 +898,13 @@ def test_a_cache_variable_naming_a_file_is_one_error_line(tmp_path):
     assert code == 2 and "Traceback" not in stderr, stderr
     assert [line for line in stderr.splitlines() if line.startswith("error:")] == [
         f"error: CHATRLHF_CACHE={afile}: cannot make the folder (File exists)"]
+
+
+def test_a_cache_variable_starting_with_a_tilde_is_the_home_folders(tmp_path, monkeypatch):
+    """CHATRLHF_CACHE='~/chc' (quoted, so no shell expanded it) made a folder named `~` in the working folder."""
+    from utils.runtime.paths import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CHATRLHF_CACHE", "~/chc")
+    monkeypatch.chdir(tmp_path)
+    assert cache_dir() == tmp_path / "home" / "chc" and not (tmp_path / "~").exists()

@@ -21,7 +21,7 @@ the model into instead, `chatrlhf-unsaved-<name>-<8 characters>` (utils/model/sa
 def cache_dir() -> Path:
     """The cache root: `$CHATRLHF_CACHE`, else `~/.cache/chatrlhf`. Created on first use."""
     given = os.environ.get("CHATRLHF_CACHE")
-    root = Path(given or Path.home() / ".cache" / "chatrlhf")
+    root = Path(given).expanduser() if given else Path.home() / ".cache" / "chatrlhf"  # "~/x": no shell expanded it
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # a file there, a read-only parent
