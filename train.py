@@ -431,6 +431,18 @@ def check_output_dir(path):
         raise ConfigError(f"--output-dir {path}: cannot write in the folder (permission denied)")
 
 
+def check_own_report(args):
+    """Refuse an --output-dir holding a report.md that no run of train.py wrote (its first line is REPORT_START):
+    the run's report would replace someone's file; --overwrite-output-dir lets it."""
+    from utils.trainer.report import REPORT_START  # loads transformers: --help and flag errors answer first
+
+    report = Path(args.output_dir) / "report.md"
+    if (report.is_file() and not args.overwrite_output_dir
+            and not report.read_text(errors="replace").startswith(REPORT_START)):
+        raise ConfigError(f"--output-dir {args.output_dir} holds a report.md that no run of train.py wrote; pick "
+                          "another --output-dir, or pass --overwrite-output-dir to let this run's report replace it")
+
+
 HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)$")
 """A DeepSpeed hostfile's line: a host and its number of accelerators (`worker-1 slots=8`); `#` starts a comment."""
 
@@ -486,6 +498,7 @@ def check_inputs(args, runs, selected):
             if is_reward_model_folder(folder) != is_reward:
                 raise ConfigError(f"--step {run.spec.step} needs the {what} in {folder}, but it holds a "
                                   f"{'causal language model' if is_reward else 'reward model'}")
+    check_own_report(args)
     check_output_dir(args.output_dir)  # last: a refused run leaves no folder behind
 
 

@@ -113,6 +113,9 @@ CASES = [
          ("reasoning_gym:chain_sum: tool_traces=bash must be one of python",)),
     Case("train.py --data-split with a negative part, before step 1 runs", "train.py",
          ["--data-split=-1,2,2", "--output-dir", "{out}"], ("--data-split '-1,2,2' must be comma-separated",)),
+    Case("train.py --output-dir holding someone's report.md (was: replaced at the end)", "train.py",
+         ["--output-dir", "{out}"],
+         ("--output-dir {out} holds a report.md that no run of train.py wrote",), setup="someone's report in out"),
     Case("train.py --output-dir empty (not the working directory)", "train.py", ["--output-dir", ""],
          ("--output-dir is empty",)),
     Case("train.py --data-split with no part for step 3, before step 1 runs", "train.py",
@@ -761,7 +764,13 @@ def go_offline(tmp, out, actor):
     return lambda: offline.__exit__(None, None, None)
 
 
-SETUPS = {"lock out": hold_lock, "checkpoint in out": make_checkpoint_in_out,
+def someones_report_in_out(tmp, out, actor):
+    out.mkdir()
+    (out / "report.md").write_text("MY NOTES\n")
+
+
+SETUPS = {"someone's report in out": someones_report_in_out, "lock out": hold_lock,
+          "checkpoint in out": make_checkpoint_in_out,
           "actor in step3out": copy_actor_into_step3out, "broken models": write_broken_models,
           "opt model": write_opt_model, "offline hub": go_offline}
 

@@ -23,6 +23,10 @@ VARIANT_FLAGS = {
 }
 
 
+REPORT_START = "Measured by "
+"""How a pipeline report (pipeline_report with its command) begins: train.py knows its own report.md by it."""
+
+
 def _load(path):
     path = Path(path)
     return json.loads(path.read_text()) if path.is_file() else None
@@ -188,7 +192,7 @@ def pipeline_report(stage_dirs, wall_times, evaluation=None, command=None, figur
         rows.append(("all", "GPU", gpu))
     lines = ["| step | measure | value |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     if command:
-        lines.insert(0, f"Measured by `{command}`:\n")
+        lines.insert(0, f"{REPORT_START}`{command}`:\n")
     table = skill_table(evaluation) if evaluation else ""
     if table:
         lines += ["", table]
