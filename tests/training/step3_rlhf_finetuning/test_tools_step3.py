@@ -104,7 +104,8 @@ def test_step3_runs_with_the_python_tool_and_reports_tool_statistics(step3_model
 @pytest.mark.parametrize("flags, message", [
     (["--tools", "bash"], "argument --tools: invalid choice: 'bash'"),
     (["--tools", "python", "--max_tool_calls", "0"], "--max_tool_calls must be at least 1, not 0"),
-    (["--tools", "python", "--tool_timeout", "0"], "--tool_timeout must be positive, not 0.0"),
+    (["--tools", "python", "--tool_timeout", "0"],
+     "--tool_timeout must be a positive number of seconds, at most 1000000, not 0.0"),
     (["--tools", "python", "--tool_tags", "<t>", "</t>", "<t>", "</o>"], "--tool_tags: the tag '<t>' is inside"),
 ])
 def test_bad_tool_flags_are_refused(step3_model_dirs, flags, message, capsys):
