@@ -78,10 +78,8 @@ def fit_to_context(args, prompts):
     from utils.model.model_utils import context_length, load_model_config, load_tokenizer
 
     path = resolve_model_path(args.model_name_or_path_finetune)
-    context = context_length(load_model_config(path, args.trust_remote_code))
-    if context is None or args.max_new_tokens >= context:
-        return prompts
-    return fit_prompts_to_context(prompts, load_tokenizer(path, args.trust_remote_code), context,
+    return fit_prompts_to_context(prompts, load_tokenizer(path, args.trust_remote_code),
+                                  context_length(load_model_config(path, args.trust_remote_code)),
                                   args.max_new_tokens, "--max_new_tokens")
 
 
