@@ -174,11 +174,12 @@ def _lengths(folder):
     lengths = {}
     for key in LENGTH_SETTINGS:
         value = settings.get(key)
-        if isinstance(value, bool) or (isinstance(value, (int, float)) and not (isinstance(value, int) and value > 0)):
+        if not isinstance(value, (int, float)):
+            continue  # absent, or no number (`auto` written by hand): no length
+        if isinstance(value, (bool, float)) or value < 1:
             raise ConfigError(f"{Path(folder) / TRAINING_SETTINGS}: '{key}' must be a number of tokens (1 or more), "
                               f"got {value!r}")
-        if isinstance(value, int):
-            lengths[key] = value
+        lengths[key] = value
     return lengths
 
 
