@@ -265,6 +265,30 @@ def test_resume_with_other_training_flags_stops_naming_each_and_touches_nothing(
     assert "resumed from" in log and "(step 10)" in log
 
 
+def test_resume_on_data_changed_at_the_same_path_stops_naming_it(tmp_path):
+    """Before: a data file rewritten under the same name between the run and its --resume trained on from the
+    checkpoint's position in the other data, silently. The checkpoint records a digest of the step's samples."""
+    data = tmp_path / "pairs.jsonl"
+
+    def write_data(answer):
+        data.write_text("".join(json.dumps({"prompt": f"Human: what is {i} + 1? Assistant:",
+                                            "chosen": f" {answer(i)}", "rejected": " no"}) + "\n" for i in range(60)))
+
+    write_data(lambda i: i + 1)
+    out = tmp_path / "out"
+    command = [sys.executable, str(STEP1 / "main.py"), "--data_path", str(data), "--data_split", "10,0,0",
+               "--per_device_train_batch_size", "4", "--max_seq_len", "32", "--max_steps", "6", "--data_output_path",
+               str(tmp_path / "cache"), "--output_dir", str(out), "--save_steps", "3"]
+    run_ok(command)
+    write_data(lambda i: i + 2)  # the same rows, other answers
+    changed = run([*command, "--resume"])
+    errors = [line for line in changed.stderr.splitlines() if line.startswith("error:")]
+    assert changed.returncode == 2 and len(errors) == 1 and "Traceback" not in changed.stderr, changed.stderr
+    assert "the data's samples (sha256): " in errors[0] and "(now " in errors[0], errors[0]
+    write_data(lambda i: i + 1)  # back as it was: resumes
+    assert "(step 6)" in run_ok([*command, "--resume"])
+
+
 def folder_digest(folder):
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}

@@ -42,13 +42,13 @@ from utils.runtime.dist import print_rank_0, to_device
 from utils.runtime.errors import ConfigError, cli_entry
 from utils.runtime.progress import progress
 from utils.trainer.best import BestWeights
-from utils.trainer.checkpoint import (Checkpointer, CountingIterator, TrainingPosition, claim_output_dir,
-                                      python_random_state, set_python_random_state)
+from utils.trainer.checkpoint import (PYTHON_RANDOM_SHAPE, Checkpointer, CountingIterator, TrainingPosition,
+                                      claim_output_dir, python_random_state, set_python_random_state)
 from utils.trainer.engine import start_run, step_budget, write_metrics
 from utils.trainer.monitor import Monitor, format_scalars
 from utils.trainer.ppo_trainer import PPOTrainer, mean_stats
 from utils.trainer.rlhf_engine import DeepSpeedRLHFEngine
-from utils.trainer.stopping import Reserve, stop_rule_from_args
+from utils.trainer.stopping import Reserve, StopRule, stop_rule_from_args
 
 
 def resolve_step_models(args):
@@ -139,7 +139,10 @@ def main(argv=None):
                                 tensors={"best": best})
     shuffler = random.Random(args.seed)
     history, evaluations, experiences, step = [], [], [], 0
-    resumed = checkpointer.resume() if args.resume else None
+    resumed = checkpointer.resume({
+        "history": [{"*": (None, 0.0)}], "evaluations": [{"step": 0}], "trainer": PPOTrainer.STATE_SHAPE,
+        "shuffler": PYTHON_RANDOM_SHAPE, "stop": StopRule.STATE_SHAPE, "unsup_batches_drawn": 0,
+        "best": (None, BestWeights.STATE_SHAPE)}) if args.resume else None
     if resumed:
         step, history, evaluations = resumed["step"], resumed["history"], resumed["evaluations"]
         trainer.load_state_dict(resumed["trainer"])

@@ -44,6 +44,9 @@ class BestWeights:
                 with _gathered(param, modifier_rank=0):
                     param.copy_(self.tensors[name].to(param.device, param.dtype))
 
+    STATE_SHAPE = {"step": (None, 0), "score": (None, 0.0), "scores": (None, {})}
+    """The shape of state_dict() (utils.trainer.checkpoint.json_shape_problem), checked before a resume."""
+
     def state_dict(self):
         return {"step": self.step, "score": self.score, "scores": self.scores}
 

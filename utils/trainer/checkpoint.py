@@ -10,8 +10,9 @@ A checkpoint holds everything a run's future depends on:
                                   folder per trained engine (step 3: actor/, critic/)
             actor_ema.safetensors weights of a model without an optimizer (step 3's EMA)
             best.safetensors      tensors a run keeps besides its models (step 3's --load_best_model_at_end), rank 0
-            state.json            the step, the trainer's own state (metrics so far; for PPO the KL
-                                  controller, reward moments, minibatch shuffler, metric history), rank 0
+            state.json            the step, the flags and a digest of the data, the trainer's own state
+                                  (metrics so far; for PPO the KL controller, reward moments, minibatch
+                                  shuffler, metric history), rank 0; checked for its shape before a resume
             position_rank0.json   per rank: where the run is in its data, and every random generator's state
             COMPLETE              written last, with each file's size and sha256: a folder without it is never
                                   resumed from, one whose files no longer match is skipped for an older one
@@ -28,8 +29,11 @@ never pickle (DeepSpeed's engine files are its own `torch.save` format).
 """
 import contextlib
 import fnmatch
+import hashlib
+import io
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -58,6 +62,10 @@ RESUME_HINT = "resume with --resume"
 NOT_COMPARED = ("output_dir",)
 """Recorded flags a resume does not compare: the folder the checkpoint was found in is the run's, moved, copied or
 reached through a symbolic link."""
+DATA_DIGEST = "data_digest"
+"""Recorded with the flags: samples_digest of the data the run trains on."""
+COMPARED_LABELS = {"processes": "processes:", DATA_DIGEST: "the data's samples (sha256):"}
+"""What a resume's refusal calls the recorded entries that are no flags."""
 PATH_FLAGS = ("data_path", "model_name_or_path", "actor_model_name_or_path", "critic_model_name_or_path",
               "ref_model_name_or_path", "unsupervised_dataset_name", "reward_fn")
 """Recorded flags that may name local paths: compared as the files they name (absolute, links followed), so that
@@ -117,8 +125,6 @@ def file_manifest(folder):
 
 
 def _sha256(path):
-    import hashlib
-
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -455,7 +461,7 @@ class Checkpointer:
         if rank == 0:
             micro_steps = {name: engine.micro_steps for name, engine in self.engines.items()}
             _write_json(tmp / "state.json", {"step": step, "world_size": world_size, "micro_steps": micro_steps,
-                                             "flags": self.flags, "trainer": state})
+                                             "flags": self._flags(), "trainer": state})
         barrier()
         if rank == 0:
             _write_json(tmp / COMPLETE, {"step": step, "files": file_manifest(tmp)})
@@ -464,9 +470,10 @@ class Checkpointer:
             self.kept = [path for path in self.kept if path != target] + [target]
             self._prune()
 
-    def resume(self):
+    def resume(self, trainer_shape=None):
         """Load the latest complete checkpoint into the engines, weights and position, and return the trainer's
-        state saved with it plus its `step`; None (and a fresh start) when there is no checkpoint yet."""
+        state saved with it plus its `step`; None (and a fresh start) when there is no checkpoint yet.
+        `trainer_shape`: the shape of that state (see `json_shape_problem`), checked before anything is loaded."""
         path, problem = None, None
         if is_rank_0():
             path, damaged = newest_good_checkpoint(self.root)
@@ -484,10 +491,14 @@ class Checkpointer:
             print_rank_0(f"--resume: no complete checkpoint in {self.root}; starting from the beginning")
             return None
         path = Path(path)
-        saved = _read_json(path / "state.json")
         rank, world_size = _rank_and_world_size()
-        differences = flag_differences({**resolved_flags(saved.get("flags", {})), "processes": saved["world_size"]},
-                                       {**self.flags, "processes": world_size})
+        saved = _read_json(path / "state.json")
+        position = _read_json(path / f"position_rank{rank}.json")
+        _check_saved_state(path, saved, position, {"step": 0, "world_size": 0, "flags": {},
+                                                   "micro_steps": {name: 0 for name in self.engines},
+                                                   "trainer": trainer_shape or {}})
+        differences = flag_differences({**resolved_flags(saved["flags"]), "processes": saved["world_size"]},
+                                       {**self._flags(), "processes": world_size})
         if differences:
             raise ConfigError(f"--resume: {path} was written with other flags: {'; '.join(differences)}. Resume "
                               "with the checkpoint's flags (only the README's 'may change on resume' list may "
@@ -501,7 +512,6 @@ class Checkpointer:
             _load_weights(engine, path / f"{name}.safetensors")
         for name, holder in self.tensors.items():
             holder.load_state_tensors(load_safetensors(path / f"{name}.safetensors"))
-        position = _read_json(path / f"position_rank{rank}.json")
         self.position.load_state_dict(position["data"], rng=position["rng"])
         self.last_step = saved["step"]
         self.kept = sorted((p for p in self.root.iterdir() if is_complete(p) and checkpoint_step(p) <= self.last_step),
@@ -509,12 +519,113 @@ class Checkpointer:
         print_rank_0(f"resumed from {path} (step {self.last_step})")
         return {"step": saved["step"], **saved["trainer"]}
 
+    def _flags(self):
+        """The flags to record and compare, with the digest of the data the run trains on (DATA_DIGEST)."""
+        if DATA_DIGEST not in self.flags and self.position is not None:
+            self.flags[DATA_DIGEST] = samples_digest(self.position.loader.dataset)
+        return self.flags
+
     def _prune(self):
         """Keep this run's newest save_total_limit checkpoints and delete its older ones; nothing else in
         `checkpoints/` is touched (claim_output_dir has settled an earlier run's). Rank 0, after `latest` moved."""
         for path in self.kept[:-self.save_total_limit]:
             shutil.rmtree(path, ignore_errors=True)
         self.kept = self.kept[-self.save_total_limit:]
+
+
+PYTHON_RANDOM_SHAPE = [0, [0], (None, 0.0)]
+"""The shape of python_random_state() (`json_shape_problem`)."""
+POSITION_SHAPE = {"data": {"epoch": 0, "consumed": 0, "sampler_state": (None, [0])},
+                  "rng": {"python": PYTHON_RANDOM_SHAPE, "numpy": ["", [0], 0, 0, 0.0], "torch": [0]}}
+"""The shape of a position_rank<N>.json (`json_shape_problem`): TrainingPosition.state_dict() and rng_state()."""
+
+
+def _check_saved_state(path, saved, position, state_shape):
+    """Refuse, in one line, a checkpoint whose JSON files are not what this code writes (files made to pass the
+    checksums in COMPLETE, or written by other code): their shape, and random states that the generators take."""
+    rank, _ = _rank_and_world_size()
+    problem = (json_shape_problem(saved, state_shape, "state.json")
+               or json_shape_problem(position, POSITION_SHAPE, f"position_rank{rank}.json"))
+    if problem is None:
+        try:  # on generators of their own: the run's are set when the resumed epoch is reached
+            _random_states_taken(position)
+        except Exception as err:  # each library its own kinds (numpy's IndexError, torch's RuntimeError...)
+            problem = f"position_rank{rank}.json: a random state no generator takes ({error_line(err)})"
+    if problem is not None:
+        raise ChatRLHFError(f"--resume: {path} cannot be resumed: {problem}; start over with --overwrite_output_dir")
+
+
+def _random_states_taken(position):
+    """Set the position's random states on new generators (errors as the run's own would raise them)."""
+    set_python_random_state(position["rng"]["python"], random.Random())
+    name, keys, pos, has_gauss, cached_gaussian = position["rng"]["numpy"]
+    np.random.RandomState().set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    for state in (position["rng"]["torch"], position["data"]["sampler_state"]):
+        if state is not None:
+            torch.Generator().set_state(torch.tensor(state, dtype=torch.uint8))
+
+
+def json_shape_problem(value, shape, where):
+    """Where `value` (read from JSON) is not of `shape`, in words, or None. A shape is an example of what this
+    code writes: a dict's keys must all be there (others may be too), each of its value's shape, except that a key
+    "*" gives the shape of every other key's value; a list of one item: a list whose items are all of its shape
+    ([]: any items); of several: a list of as many items, each of its own shape (a record); a number, string or bool stands for its type (an int for an int, a float for any number); a
+    tuple for any one of its shapes; None for None."""
+    if isinstance(shape, tuple):
+        problems = [json_shape_problem(value, one, where) for one in shape]
+        return None if None in problems else problems[-1]
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{where} is {_json_kind(value)}, not an object"
+        for key, item in value.items():
+            if key in shape or "*" in shape:
+                problem = json_shape_problem(item, shape.get(key, shape.get("*")), f"{where}.{key}")
+                if problem:
+                    return problem
+        missing = [key for key in shape if key != "*" and key not in value]
+        return f"{where} has no \"{missing[0]}\"" if missing else None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where} is {_json_kind(value)}, not a list"
+        if len(shape) > 1 and len(value) != len(shape):
+            return f"{where} has {len(value)} items, not {len(shape)}"
+        for index, item in enumerate(value if shape else ()):
+            problem = json_shape_problem(item, shape[index if len(shape) > 1 else 0], f"{where}[{index}]")
+            if problem:
+                return problem
+        return None
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), type(None): (type(None),)}[type(shape)]
+    if isinstance(value, kinds) and (isinstance(value, bool) == isinstance(shape, bool)):
+        return None
+    return f"{where} is {_json_kind(value)}, not {_json_kind(shape)}"
+
+
+def _json_kind(value):
+    """What a JSON value is, in words."""
+    if isinstance(value, bool):
+        return "true or false"
+    for kind, words in ((type(None), "null"), (int, "a whole number"), (float, "a number"), (str, "a string"),
+                        (list, "a list"), (dict, "an object")):
+        if isinstance(value, kind):
+            return words
+    return type(value).__name__
+
+
+def samples_digest(dataset):
+    """The sha256 of a dataset's samples as the step built them (token ids, texts): a resume whose data differs
+    from the checkpoint's (a file changed at the same path, another tokenizer, another reasoning-gym version) is
+    refused rather than trained on as if it were the same."""
+    digest = hashlib.sha256()
+    for index in range(len(dataset)):
+        sample = dataset[index]
+        if isinstance(sample, dict):  # a tensor's pickle differs from run to run: its values do not
+            sample = {name: value.tolist() if torch.is_tensor(value) else value for name, value in sample.items()}
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, protocol=5)  # bytes to hash, never loaded: 4x json's speed
+        pickler.fast = True  # no memo: equal values give equal bytes whether or not they are one object
+        pickler.dump(sample)
+        digest.update(buffer.getbuffer())
+    return digest.hexdigest()[:16]
 
 
 def resolved_flags(flags):
@@ -543,7 +654,7 @@ def flag_differences(saved, current):
     differences = []
     for name in sorted((saved.keys() & current.keys()) - set(NOT_COMPARED)):
         if saved[name] != current[name]:
-            label = "processes:" if name == "processes" else f"--{name}"
+            label = COMPARED_LABELS.get(name, f"--{name}")
             differences.append(f"{label} {_flag_text(saved[name])} (now {_flag_text(current[name])})")
     return differences
 

@@ -17,7 +17,7 @@ from utils.trainer.best import BestWeights
 from utils.trainer.checkpoint import Checkpointer, TrainingPosition, claim_output_dir
 from utils.trainer.engine import eager, step_budget, train_engine_from_args, write_metrics
 from utils.trainer.monitor import Monitor, Throughput, format_scalars
-from utils.trainer.stopping import stop_rule_from_args
+from utils.trainer.stopping import StopRule, stop_rule_from_args
 
 
 def step_data(args, phase, inputs, unpaired=False):
@@ -104,7 +104,9 @@ class LoopState:
         self.best = BestWeights(engine) if getattr(args, "load_best_model_at_end", False) else None
         self.checkpointer = Checkpointer(args.output_dir, args.save_steps, args.save_total_limit, {"model": engine},
                                          self.position, flags=self.flags, tensors={"best": self.best})
-        self.resumed = self.checkpointer.resume() if args.resume else None
+        shape = {"metrics": {"*": (None, 0.0)}, "stop": StopRule.STATE_SHAPE,
+                 **({"best": BestWeights.STATE_SHAPE} if self.best is not None else {})}
+        self.resumed = self.checkpointer.resume(shape) if args.resume else None
         if self.best is not None and self.resumed:
             self.best.load_state_dict(self.resumed["best"])
         self.monitor = Monitor(args, run_name, args.output_dir, resumed=self.resumed is not None)

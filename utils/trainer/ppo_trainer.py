@@ -64,6 +64,10 @@ class PPOTrainer:
             raise ConfigError("--tools runs each rank's turns on its own: it cannot run with --actor_zero_stage 3 "
                               "over several processes, whose forward passes must stay in step")
 
+    STATE_SHAPE = {"kl_controller": {"value": 0.0}, "entropy_coef": {"value": 0.0},
+                   "reward_moments": {"count": 0.0, "mean": 0.0, "m2": 0.0}}
+    """The shape of state_dict() (utils.trainer.checkpoint.json_shape_problem), checked before a resume."""
+
     def state_dict(self):
         """What PPO carries from round to round besides the models: the KL and entropy coefficients and the reward
         moments."""

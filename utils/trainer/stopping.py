@@ -95,6 +95,11 @@ class StopRule:
         # One answer for all, or a process would wait for the others forever: late when any process is.
         return all_reduce_sum(torch.tensor(float(late_here), device=self.device)).item() > 0
 
+    STATE_SHAPE = {"best": (None, 0.0), "best_step": (None, 0), "best_loss": (None, 0.0), "lowest_loss": (None, 0.0),
+                   "bad_evaluations": 0, "idle_rounds": 0, "trained_s": 0.0,
+                   "stopped": (None, {"step": 0, "reason": ""})}
+    """The shape of state_dict() (utils.trainer.checkpoint.json_shape_problem), checked before a resume."""
+
     def state_dict(self):
         return {"best": self.best, "best_step": self.best_step, "best_loss": self.best_loss,
                 "lowest_loss": self.lowest_loss, "bad_evaluations": self.bad_evaluations,

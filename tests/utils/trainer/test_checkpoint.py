@@ -18,7 +18,8 @@ from utils.data.data_utils import DataCollatorSFT, ListDataset, make_dataloader
 from utils.runtime.ds_utils import get_train_ds_config
 from utils.runtime.errors import ChatRLHFError, ConfigError, _run_exit_callbacks
 from utils.trainer.checkpoint import (COMPLETE, LATEST, Checkpointer, TrainingPosition, claim_output_dir, file_manifest,
-                                      is_complete, latest_checkpoint, rng_state, set_rng_state, verify_checkpoint)
+                                      is_complete, json_shape_problem, latest_checkpoint, rng_state, set_rng_state,
+                                      verify_checkpoint)
 from utils.trainer.engine import init_train_engine
 
 
@@ -485,3 +486,59 @@ def test_a_checkpoint_whose_manifest_or_pickles_cannot_be_trusted_is_damaged(mak
     (folder / COMPLETE).write_text(json.dumps({"step": 1, "files": {
         **manifest["files"], planted: [sneaky.stat().st_size, hashlib.sha256(sneaky.read_bytes()).hexdigest()]}}))
     assert verify_checkpoint(folder).startswith(f"{planted} would load Python objects beyond tensors (builtins.print")
+
+
+def test_json_shape_problem_names_where_a_value_is_not_what_this_code_writes():
+    shape = {"step": 0, "loss": (None, 0.0), "stopped": (None, {"reason": ""}), "history": [{"*": 0.0}]}
+    good = {"step": 3, "loss": 2, "stopped": None, "history": [{"kl": 0.5, "reward": 1}], "extra": "kept"}
+    assert json_shape_problem(good, shape, "state.json") is None
+    for change, problem in [({"step": 3.5}, "state.json.step is a number, not a whole number"),
+                            ({"step": True}, "state.json.step is true or false, not a whole number"),
+                            ({"loss": "low"}, "state.json.loss is a string, not a number"),
+                            ({"stopped": {"reason": 1}}, "state.json.stopped.reason is a whole number, not a string"),
+                            ({"history": {"kl": 1.0}}, "state.json.history is an object, not a list"),
+                            ({"history": [{"kl": 1.0}, {"kl": [1]}]}, "state.json.history[1].kl is a list, not a number")]:
+        assert json_shape_problem({**good, **change}, shape, "state.json") == problem
+    assert json_shape_problem({"loss": None}, shape, "state.json") == 'state.json has no "step"'
+    assert json_shape_problem([], shape, "state.json") == "state.json is a list, not an object"
+
+
+def test_a_checkpoint_whose_json_passes_its_checksums_but_not_its_shape_is_one_error(make_engine, tmp_path):
+    """Before: state.json or position_rank0.json edited with their checksums written into COMPLETE to match ended
+    the resumed run in a traceback (a KeyError, or a random state no generator takes, once its epoch came)."""
+    engine, position = make_engine(), TrainingPosition(make_loader())
+    next(position.batches(0))
+    shape = {"metrics": {"*": 0.0}}
+    Checkpointer(tmp_path, 1, 2, {"model": engine}, position).save(1, {"metrics": {"loss_before": 2.5}})
+    folder = tmp_path / "checkpoints" / "step1"
+    originals = {name: json.loads((folder / name).read_text()) for name in ("state.json", "position_rank0.json")}
+
+    def craft(name, edit):
+        value = json.loads(json.dumps(originals[name]))
+        edit(value)
+        (folder / name).write_text(json.dumps(value))
+        manifest = json.loads((folder / COMPLETE).read_text())
+        manifest["files"][name] = [(folder / name).stat().st_size,
+                                   hashlib.sha256((folder / name).read_bytes()).hexdigest()]
+        (folder / COMPLETE).write_text(json.dumps(manifest))
+        assert verify_checkpoint(folder) is None  # the checksums pass
+
+    crafted = [("state.json", lambda v: v.pop("micro_steps"), 'state.json has no "micro_steps"'),
+               ("state.json", lambda v: v.update(step="1"), "state.json.step is a string, not a whole number"),
+               ("state.json", lambda v: v["trainer"]["metrics"].update(loss_before="x"),
+                "state.json.trainer.metrics.loss_before is a string, not a number"),
+               ("position_rank0.json", lambda v: v["data"].update(consumed=None),
+                "position_rank0.json.data.consumed is null, not a whole number"),
+               ("position_rank0.json", lambda v: v["rng"].update(torch=[7, 7, 7]),
+                "position_rank0.json: a random state no generator takes (RuntimeError: "),
+               ("position_rank0.json", lambda v: v["rng"]["numpy"].__setitem__(1, [300] * 5),
+                "position_rank0.json: a random state no generator takes (IndexError: ")]
+    for name, edit, problem in crafted:
+        craft(name, edit)
+        with pytest.raises(ChatRLHFError) as error:
+            Checkpointer(tmp_path, 1, 2, {"model": make_engine()}, TrainingPosition(make_loader())).resume(shape)
+        assert str(error.value).startswith(f"--resume: {folder} cannot be resumed: {problem}"), str(error.value)
+        assert str(error.value).endswith("; start over with --overwrite_output_dir")
+        craft(name, lambda v: None)  # as saved: resumes
+    assert Checkpointer(tmp_path, 1, 2, {"model": make_engine()}, TrainingPosition(make_loader())).resume(shape) == {
+        "step": 1, "metrics": {"loss_before": 2.5}}
