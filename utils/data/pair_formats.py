@@ -231,7 +231,8 @@ NAMED_PAIRS = (("chosen_response", "rejected_response"),  # argilla's UltraFeedb
 SCORED_PAIRS = (("score_chosen", "score_rejected"),  # HuggingFaceH4/ultrafeedback_binarized
                 ("chosen_rating", "rejected_rating"),  # argilla's preference sets (dpo-mix-7k, ...)
                 ("chosen-rating", "rejected-rating"),  # argilla/ultrafeedback-binarized-preferences-cleaned
-                ("chosen_score", "rejected_score"))
+                ("chosen_score", "rejected_score"),
+                ("rating_chosen", "rating_rejected"))  # argilla/distilabel-capybara-dpo-7k-binarized
 """A pair's two scores beside its answers (shapes 3 and 9): equal ones are a tie, a chosen answer scored below its
 rejected one a pair its own scores contradict; both unusable."""
 TIE_STATUS = ("status", "tie")
@@ -534,8 +535,8 @@ def _instruction_layout(value: dict, where: str) -> dict:
     """A row of shape 7 (instruction data, ShareGPT chats, a `system` column) as one of shapes 3 to 5; other rows
     as they are."""
     value = dict(value)
-    if isinstance(value.get("conversation"), list) and not {"conversations", "messages"} & set(value):
-        value["conversations"] = _exchanges(value.pop("conversation"), where)
+    if isinstance(value.get("conversation"), list) and not {"conversations", "messages", "chosen"} & set(value):
+        value["conversations"] = _exchanges(value.pop("conversation"), where)  # beside a pair: its source chat
     if "conversations" in value and "messages" not in value:
         messages = _sharegpt(value.pop("conversations"), where, "conversations")
         if "chosen" in value or "rejected" in value:  # LLaMA-Factory's pairs: the answers one message each

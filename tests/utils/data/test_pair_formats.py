@@ -738,6 +738,21 @@ def test_capybaras_conversation_of_exchanges_reads_as_a_chat():
         read_pair({"conversation": [{"input": 1, "output": "x"}]}, "r")
 
 
+def test_capybara_dpo_pairs_read_their_whole_conversations_and_their_ratings():
+    """argilla/distilabel-capybara-dpo-7k-binarized: `chosen` and `rejected` whole conversations beside the
+    `conversation` of exchanges they came from (which ends with its original answer: before, it was read as the
+    prompt and the whole file refused), rated in `rating_chosen` and `rating_rejected` (equal: a tie)."""
+    exchanges = [{"input": "Hi", "output": "Hello"}, {"input": "Q", "output": "original"}]
+    chat = [user("Hi"), assistant("Hello"), user("Q")]
+    row = {"source": "Airoboros", "conversation": exchanges, "prompt": "Q", "chosen": [*chat, assistant("good")],
+           "rejected": [*chat, assistant("bad")], "rating_chosen": 5, "rating_rejected": 2}
+    assert read_pair(row, "r") == {"prompt": " Human: Hi Assistant: Hello Human: Q Assistant:", "chosen": " good",
+                                   "rejected": " bad"}
+    tie = read_pair({**row, "rating_rejected": 5}, "r")
+    assert (tie["prompt"], tie["chosen"], "'rating_chosen' equals 'rating_rejected'" in tie[UNUSABLE]) == (
+        " Human: Hi Assistant: Hello Human: Q Assistant:", None, True)
+
+
 def test_a_ties_prompt_is_an_rl_prompt_and_no_pair_or_sft_row(tmp_path, tiny_tokenizer):
     """Chatbot Arena: a third of the votes are ties. Their prompts were lost to step 3 and the evaluation too (a
     small file's eval part could be left with none); now only the steps that train on answers skip them."""
