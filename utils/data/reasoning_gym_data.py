@@ -400,9 +400,9 @@ def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, lis
             raise DataError(f"{where}: reasoning-gym took over {ITEM_SECONDS} s to generate question {index} (its "
                             "questions take milliseconds): these settings are beyond what the task can make; try "
                             "smaller ones") from None
-        except IndexError:  # the task ran out of questions
-            break
         except Exception as err:
+            if isinstance(err, IndexError) and index:  # the task ran out of questions (word_ladder's words run out)
+                break
             raise DataError(f"{where}: reasoning-gym failed to generate item {index} "
                             f"({type(err).__name__}: {err})") from None
         question = entry["question"]

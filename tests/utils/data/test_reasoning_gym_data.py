@@ -166,6 +166,14 @@ def test_a_task_that_runs_out_of_questions_fills_what_it_can_or_names_the_empty_
         fresh("reasoning_gym:gcd?min_value=1&max_value=2&min_numbers=2&max_numbers=2&size=100")
 
 
+def test_a_task_that_fails_on_its_first_question_is_no_task_that_ran_out():
+    """calendar_arithmetic with no `tasks` picks from an empty list (an IndexError) on its first question: that was
+    read as running out of questions, "no train or eval or heldout question ... raise size=", which no size fixes."""
+    with pytest.raises(DataError, match=r"reasoning_gym:calendar_arithmetic: reasoning-gym failed to generate item 0 "
+                                        r"\(IndexError: "):
+        fresh("reasoning_gym:calendar_arithmetic?tasks=&size=20")
+
+
 def test_multi_task_spec_interleaves_tasks_and_scores_per_task():
     data = fresh("reasoning_gym:chain_sum?size=30,syllogism?size=30")
     heldout = data.parts["heldout"]
