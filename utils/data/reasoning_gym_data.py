@@ -69,6 +69,7 @@ import datasets
 from utils.data.prompting import text_prompt
 from utils.data.prompting import parse_dialogue
 from utils.data.raw_datasets import RawDataset
+from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError, one_line
 from utils.runtime.time_limit import Overtime, time_limit
 from utils.runtime.tool_format import ToolFormat
@@ -373,6 +374,10 @@ never returns (basic_arithmetic with terms of 8-10 digits tries every divisor of
 hang before its first step, saying nothing."""
 
 
+SHORT_SHARE = 0.9
+"""A task whose distinct questions fill less than this share of its size= is said to (a WARNING line)."""
+
+
 def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, list[Item]]:
     """{part: [Item]} of one task: items 0, 1, ... of the task's data set (seeded with task_spec.seed), each new
     question (not in `seen`, which is updated) put in its part until the part is full; at most
@@ -389,7 +394,7 @@ def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, lis
         dataset = _library()[task_spec.task][0](config=config)
     except Exception as err:  # reasoning-gym's own failure to build the task
         raise DataError(f"{where}: reasoning-gym cannot build this task ({type(err).__name__}: {err})") from None
-    parts, distinct = {part: [] for part in PARTS}, set()
+    parts, distinct, generated = {part: [] for part in PARTS}, set(), 0
     for index in range(limit):
         if all(len(parts[part]) >= wanted[part] for part in PARTS):
             break
@@ -405,7 +410,7 @@ def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, lis
                 break
             raise DataError(f"{where}: reasoning-gym failed to generate item {index} "
                             f"({type(err).__name__}: {err})") from None
-        question = entry["question"]
+        question, generated = entry["question"], index + 1
         part = part_of(task_spec.task, question)
         distinct.add(question)
         if question in seen or len(parts[part]) >= wanted[part]:
@@ -413,9 +418,15 @@ def generate_task(task_spec: TaskSpec, seen: set | None = None) -> dict[str, lis
         seen.add(question)
         parts[part].append(Item(task_spec.task, entry, dataset))
     empty = [part for part in PARTS if not parts[part]]
+    found = f"{generated} generated hold {len(distinct)} distinct questions"
     if empty:
-        raise DataError(f"{where}: no {' or '.join(empty)} question among {index + 1} generated "
-                        f"({len(distinct)} distinct); raise size=, or loosen the task's settings")
+        raise DataError(f"{where}: no {' or '.join(empty)} question: {found}; raise size=, or loosen the task's "
+                        "settings")
+    kept = [len(parts[part]) for part in PARTS]
+    if sum(kept) < SHORT_SHARE * task_spec.size:
+        print_rank_0(f"WARNING: {where}: {sum(kept)} questions of the {task_spec.size} asked (size=), "
+                     f"{' / '.join(map(str, kept))} for {' / '.join(PARTS)}: {found}; loosen the task's settings "
+                     "for more")
     return parts
 
 

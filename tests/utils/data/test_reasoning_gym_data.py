@@ -157,12 +157,18 @@ def test_parts_are_fixed_by_the_question_text_and_generation_by_the_seed():
             assert not texts["a"][part] & texts["other"][other_part]
 
 
-def test_a_task_that_runs_out_of_questions_fills_what_it_can_or_names_the_empty_part():
+def test_a_task_that_runs_out_of_questions_fills_what_it_can_says_so_or_names_the_empty_part(capsys):
+    """Before: a task that filled 200 of the 2,000 questions asked said nothing of it."""
     small = fresh("reasoning_gym:gcd?min_value=1&max_value=10&min_numbers=2&max_numbers=2&size=200")
     sizes = [len(small.parts[part]) for part in rg.PARTS]
     assert all(sizes) and sum(sizes) <= 100  # pairs of 1..10: at most 100 distinct questions
-    with pytest.raises(DataError, match=r"reasoning_gym:gcd: no eval or heldout question among 150 generated "
-                                        r"\(4 distinct\); raise size="):
+    warning = capsys.readouterr().out
+    assert (f"WARNING: reasoning_gym:gcd: {sum(sizes)} questions of the 200 asked (size=), "
+            f"{' / '.join(map(str, sizes))} for train / eval / heldout: 300 generated hold ") in warning, warning
+    fresh("reasoning_gym:gcd?min_value=1&max_value=100&min_numbers=2&max_numbers=2&size=200")
+    assert "WARNING" not in capsys.readouterr().out  # a task with questions enough fills its parts
+    with pytest.raises(DataError, match=r"reasoning_gym:gcd: no eval or heldout question: 150 generated hold 4 "
+                                        r"distinct questions; raise size="):
         fresh("reasoning_gym:gcd?min_value=1&max_value=2&min_numbers=2&max_numbers=2&size=100")
 
 
