@@ -25,8 +25,8 @@ Names understood by `get_raw_dataset(name, seed, columns)`:
 * `reasoning_gym:<task>[?key=value&...][,<task>...]`: questions of reasoning-gym tasks, generated in
   memory (the `gym` extra; see utils/data/reasoning_gym_data.py for the spec, the parts and the pairs).
 * any existing local path: a directory holding train.json (or .jsonl, .parquet, or a hub snapshot's shards
-  data/train-00000-of-00002.parquet ...) and eval.json (or test, validation: EVAL_SPLITS; without one the train
-  split is split 9:1), or a single .json/.jsonl/.parquet/.csv/.tsv file that is split 9:1 into train/eval (a
+  data/train-00000-of-00002.parquet ..., or a folder train/ of them) and eval.json (or test, validation:
+  EVAL_SPLITS; without one the train split is split 9:1), or a single .json/.jsonl/.parquet/.csv/.tsv file that is split 9:1 into train/eval (a
   text file's name may end in .gz: HH-RLHF's train.jsonl.gz);
   or a folder `datasets` wrote with save_to_disk (LoadedDataset, read with `datasets.load_from_disk`).
 * any other name `datasets.load_dataset(name)` reads (LoadedDataset): a hub data set by its name, from
@@ -582,11 +582,16 @@ def split_choice(name: str) -> tuple[str, dict[str, str]]:
 def _split_files(directory: Path, split: str) -> list[Path]:
     """A local folder's files of split `split`: `<split>.json` (or .jsonl, .parquet), or the shards a hub data
     set's snapshot holds (`<split>-00000-of-00002.parquet`, with or without a content hash after it:
-    `<split>-00000-of-00001-a09b74b3ef9c3b56.parquet`), in the folder or its `data/` folder; [] if none."""
+    `<split>-00000-of-00001-a09b74b3ef9c3b56.parquet`), in the folder or its `data/` folder, or the data files of
+    a folder named after the split (the hub's parquet conversion: `<config>/<split>/0000.parquet`); [] if none."""
     shard = re.compile(rf"{re.escape(split)}(-\d+-of-\d+(?:-[0-9a-f]+)?)?({'|'.join(map(re.escape, LOCAL_SUFFIXES))})"
                        rf"({re.escape(GZIP_SUFFIX)})?", re.IGNORECASE)
     for folder in (path for path in (directory, directory / "data") if path.is_dir()):
         found = sorted(p for p in folder.iterdir() if shard.fullmatch(p.name))
+        if not found and (folder / split).is_dir() and not is_saved_dataset(folder / split):
+            found = sorted(p for p in (folder / split).iterdir() if data_suffix(p) in LOCAL_SUFFIXES)
+            if found:
+                return [regular_file(path) for path in found]
         for path in found:
             regular_file(path)  # a folder, pipe or broken link under a split's name: said as such, not "no such file"
         whole = [p for p in found if not shard.fullmatch(p.name).group(1)]

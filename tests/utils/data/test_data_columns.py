@@ -127,6 +127,23 @@ def test_a_folder_of_hub_shards_reads_its_splits_by_name(tmp_path, hashes):
         get_raw_dataset(f"{test_file}?train=x", 7, RENAMED)
 
 
+def test_the_hubs_parquet_conversion_reads_a_folder_per_split(tmp_path):
+    """The hub's parquet conversion (refs/convert/parquet) writes <config>/<split>/0000.parquet ...; before, such a
+    folder was "no train.json in it"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for split, parts in (("train", (PREFS["train"][:12], PREFS["train"][12:])), ("test", (PREFS["validation"],))):
+        (tmp_path / "default" / split).mkdir(parents=True)
+        for index, part in enumerate(parts):
+            pq.write_table(pa.Table.from_pylist(part), tmp_path / "default" / split / f"000{index}.parquet")
+    raw = get_raw_dataset(str(tmp_path / "default"), 7, RENAMED)
+    assert triples(raw.get_train_data(), raw) == [(r["question"], r["good"], r["bad"]) for r in PREFS["train"]]
+    assert triples(raw.get_eval_data(), raw) == [(r["question"], r["good"], r["bad"]) for r in PREFS["validation"]]
+    with pytest.raises(DataError, match=r"its folders default have one: give them as --data_path"):
+        get_raw_dataset(str(tmp_path), 7, RENAMED)
+
+
 def test_renamed_columns_reach_every_row_shape(tmp_path):
     """KTO's labelled answers, a prompt with one completion (SFT), a whole chat: each from columns of other names."""
     kto = write_jsonl(tmp_path / "kto.jsonl", [{"q": " Human: 1 + 1? Assistant:", "answer": " 2", "ok": True},
