@@ -9,6 +9,7 @@ from pathlib import Path
 from utils.runtime.ds_utils import DTYPES
 from utils.runtime.errors import (ArgumentParser,  # noqa: F401 (ArgumentParser: the CLIs import it from here)
                                   ConfigError)
+from utils.runtime.paths import check_writable_folder
 from utils.runtime.trackers import NONE, TRACKERS, check_run_group, resolve_report_to
 from utils.runtime.sandbox import TOOLS
 from utils.runtime.tool_format import DEFAULT_TAGS
@@ -575,6 +576,8 @@ def check_common_args(args):
     if data_output_path:
         args.data_output_path = str(Path(data_output_path).absolute())
     args.report_to = resolve_report_to(args.report_to, args.enable_tensorboard)
+    if "tensorboard" in args.report_to:  # its writer makes the folder after the data and models are loaded
+        check_writable_folder("--tensorboard_path", args.tensorboard_path)
     check_run_group(args.run_group)
 
 

@@ -297,6 +297,12 @@ def check_writable_file(flag, path):
     remove_if_empty(_make_dirs(path.parent, flag, named=path))
 
 
+def check_writable_folder(flag, path):
+    """Refuse (ConfigError naming `flag`) an output folder that is a file or cannot be made or written, before the
+    work it keeps; the folders made to try are removed again."""
+    remove_if_empty(_make_dirs(Path(path), flag))
+
+
 def check_not_an_input(flag, path, inputs):
     """Refuse (ConfigError) an output file `path` that is one of the `inputs` ({flag: path} or (flag, path)
     pairs) the run reads, or lies inside one that is a folder (a model's: its weights or config), before the run
