@@ -39,7 +39,7 @@ from training.pipeline import (ALGORITHMS, STAGES, check_data_split, check_round
                                checker_defaults, closing_answers, evaluation_command, evaluation_prompts,
                                fit_evaluation, has_step3, plan, run_inputs, step_command, train_recipe)
 from utils.data.data_utils import check_columns_apply, parse_data_split
-from utils.runtime.args import add_column_args, column_keys, registry_help
+from utils.runtime.args import add_column_args, check_flag_ranges, column_keys, registry_help
 from utils.runtime.errors import (ArgumentParser, ConfigError, Interrupted, cli_entry, interrupt_hint,
                                   interrupts_deferred)
 from utils.runtime.paths import FolderLock
@@ -266,6 +266,7 @@ def check_args(args):
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
     if args.time_budget is not None and not 0 <= args.time_budget < float("inf"):
         raise ConfigError(f"--time-budget must be a number of minutes, at least 0, not {args.time_budget}")
+    check_flag_ranges(argparse.Namespace(seed=args.seed))  # each step's range, checked before any step runs
     if args.save_steps < 0:  # refused here, not by a step's parser under --stepN-args it was never in
         raise ConfigError(f"--save-steps must be at least 0 (0: no checkpoints), not {args.save_steps}")
     if args.time_budget and not has_step3(args):

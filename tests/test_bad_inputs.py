@@ -625,6 +625,8 @@ CASES = [
     Case("train.py --save-steps -1 (was: blamed on --step1-args, and a dry run passed it)", "train.py",
          ["--save-steps", "-1", "--dry-run", "--output-dir", "{out}"],
          ("--save-steps must be at least 0 (0: no checkpoints), not -1",)),
+    Case("train.py --seed -1 (was: passed by a dry run, refused by step 1 once launched)", "train.py",
+         ["--seed", "-1", "--dry-run", "--output-dir", "{out}"], ("--seed must be in [0, 2**32), not -1",)),
     Case("train.py --pair-rounds without --pair-judge", "train.py",
          ["--algorithm", "dpo", "--pair-judge", "none", "--pair-rounds", "2", "--output-dir", "{out}"],
          ("--pair-rounds repeats --pair-judge's sampling and DPO: it needs --algorithm dpo and --pair-judge",)),
