@@ -19,7 +19,7 @@ from utils.data.data_utils import get_raw_dataset
 from utils.data.prompting import model_prompt
 from utils.data.raw_datasets import builtin_data_dir
 from utils.data.reasoning_gym_data import gym_data
-from utils.data.text_files import check_text, json_value, read_lines
+from utils.data.text_files import check_text, json_records, json_value, read_lines
 from utils.rl.reward_fns import call_reward_fn
 from utils.runtime.args import BATCH_SIZE
 from utils.runtime.errors import DataError
@@ -153,9 +153,10 @@ def validation_set(data_paths, seed=1234):
 
 
 def read_prompts_file(path):
-    """Prompts from a file: JSON lines with a string field `prompt` (other fields ignored), or plain text with
-    one prompt per line. Each prompt is used verbatim (write it formatted, e.g. " Human: ... Assistant:");
-    blank lines are skipped. The file is JSON lines when its first non-blank line starts with `{`."""
+    """Prompts from a file: JSON lines with a string field `prompt` (other fields ignored), a JSON array of such
+    objects, or plain text with one prompt per line. Each prompt is used verbatim (write it formatted, e.g.
+    " Human: ... Assistant:"); blank lines are skipped. The file is JSON lines when its first non-blank line starts
+    with `{`, a JSON array when it starts with `[` then `{`, `]` or nothing (a text prompt may start `[INST]`)."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"prompts file {path} is a folder, not a file")
@@ -166,17 +167,25 @@ def read_prompts_file(path):
     lines = [(number, line) for number, line in read_lines(path, f"prompts file {path}") if line.strip()]
     if not lines:
         raise DataError(f"prompts file {path} has no prompts")
-    if not lines[0][1].lstrip().startswith("{"):
+    start = lines[0][1].lstrip()
+    if start.startswith("[") and start[1:].lstrip()[:1] in ("", "{", "]"):
+        records = [(value, f"{path} {where}") for value, where in json_records(path, f"prompts file {path}")]
+    elif start.startswith("{"):
+        records = []
+        for number, line in lines:
+            try:
+                records.append((json_value(line, f"{path} line {number}"), f"{path} line {number}"))
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path} line {number}: not valid JSON ({err.msg})") from None
+    else:
         return [line for _, line in lines]
     prompts = []
-    for number, line in lines:
-        try:
-            record = json_value(line, f"{path} line {number}")
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path} line {number}: not valid JSON ({err.msg})") from None
+    for record, where in records:
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"].strip():
-            raise DataError(f"{path} line {number}: no non-empty string field 'prompt'")
-        prompts.append(check_text(record["prompt"], f"{path} line {number}: field 'prompt'"))
+            raise DataError(f"{where}: no non-empty string field 'prompt'")
+        prompts.append(check_text(record["prompt"], f"{where}: field 'prompt'"))
+    if not prompts:
+        raise DataError(f"prompts file {path} has no prompts")
     return prompts
 
 

@@ -41,8 +41,8 @@ def parse_args(argv=None):
     parser.add_argument("--model_name_or_path_finetune", type=str, required=True,
                         help="The fine-tuned model: a step-1 (or step-3 actor) output folder.")
     parser.add_argument("--prompts_file", type=str, default=None,
-                        help="JSON lines with a 'prompt' field, or plain text with one prompt per line, used "
-                             "verbatim; default: the held-out prompts of --data_path.")
+                        help="JSON lines with a 'prompt' field (or a JSON array of them), or plain text with one "
+                             "prompt per line, used verbatim; default: the held-out prompts of --data_path.")
     add_data_path_arg(parser, nargs="+",
                       help="Whose held-out prompts and checker: 'builtin' (the built-in task), a reasoning-gym spec, "
                            "reasoning_gym:<task>[?key=value&...][,<task>...] (scored by its tasks), or any other data "

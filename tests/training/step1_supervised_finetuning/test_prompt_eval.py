@@ -112,6 +112,25 @@ def test_read_prompts_file_json_lines_and_plain_text(tmp_path):
         read_prompts_file(tmp_path / "missing.jsonl")
 
 
+def test_read_prompts_file_json_array_and_text_starting_with_a_bracket(tmp_path):
+    """A JSON array of {prompt} rows, as the data files may be, pretty-printed or not (before: each of its lines
+    read as a plain-text prompt, "[" and "{" among them); a text prompt starting with "[" stays text."""
+    rows = [{"prompt": " Human: a Assistant:"}, {"prompt": " Human: b Assistant:", "x": 1}]
+    for name, indent in (("pretty.json", 2), ("one_line.json", None)):
+        (tmp_path / name).write_text(json.dumps(rows, indent=indent))
+        assert read_prompts_file(tmp_path / name) == [" Human: a Assistant:", " Human: b Assistant:"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([rows[0], {"text": "b"}]))
+    with pytest.raises(DataError, match="bad.json row 1: no non-empty string field 'prompt'"):
+        read_prompts_file(bad)
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(DataError, match="has no prompts"):
+        read_prompts_file(tmp_path / "empty.json")
+    text = tmp_path / "inst.txt"
+    text.write_text("[INST] a [/INST]\n[INST] b [/INST]\n")
+    assert read_prompts_file(text) == ["[INST] a [/INST]", "[INST] b [/INST]"]
+
+
 def test_read_prompts_file_with_a_byte_order_mark_or_line_separators_in_a_prompt(tmp_path):
     jsonl = tmp_path / "bom.jsonl"
     jsonl.write_text('{"prompt": " Human: a\u2028b Assistant:"}\n', encoding="utf-8-sig")  # a BOM, then JSON
