@@ -45,7 +45,8 @@ def add_model_args(parser):
     add_num_padding_at_beginning_arg(group, passed_to="passed to the reward model and critic")
     add_trust_remote_code_arg(group)
     add("--unsupervised_dataset_name", type=str, default=None,
-        help="Plain text for the pretraining loss: 'builtin', a local .txt/.jsonl file, or a hub data set.")
+        help="Plain text for the pretraining loss: 'builtin', a local .txt file, a data file whose rows have a "
+             "'text' field (.json, .jsonl, .parquet, .csv, .tsv), or a hub data set.")
     add("--unsupervised_dataset_config_name", type=str, default=None,
         help="The configuration name of a hub --unsupervised_dataset_name (via the datasets library).")
     add("--unsup_coef", type=float, default=27.8,

@@ -19,9 +19,9 @@ import torch
 from utils.data.prompting import (dialogue_system, dialogue_text, encode_prompt_text, model_answer, model_prompt,
                                   parse_dialogue, shorter_prompts, with_system)
 from utils.data.raw_datasets import (HUB_DATASETS, LOCAL_SUFFIXES, Builtin, LoadedDataset, LocalJsonFile, RawDataset,
-                                     builtin_data_dir, is_saved_dataset, load_hub, split_choice)
+                                     builtin_data_dir, is_saved_dataset, load_hub, local_records, split_choice)
 from utils.data.reasoning_gym_data import ReasoningGym
-from utils.data.text_files import DEAD_LINK, check_text, data_suffix, json_records, read_lines
+from utils.data.text_files import DEAD_LINK, check_text, data_suffix, read_lines
 from utils.runtime.args import AUTO, column_flag, column_keys, is_auto
 from utils.runtime.dist import print_rank_0
 from utils.runtime.errors import ConfigError, DataError
@@ -788,11 +788,11 @@ def _unsupervised_texts(name, config_name):
         path = Path(name)
     if path.is_file():
         what = f"--unsupervised_dataset_name {path}"
-        if data_suffix(path) in (".json", ".jsonl"):
+        if data_suffix(path) in LOCAL_SUFFIXES:  # rows of a data file's formats, each with a `text` field
             texts = []
-            for value, where in json_records(path, what):
+            for value, where in local_records(path, what):
                 if not isinstance(value, dict) or not isinstance(value.get("text"), str):
-                    raise DataError(f"{what}: {where}: expected a JSON object with a string field 'text'")
+                    raise DataError(f"{what}: {where}: expected a row with a string field 'text'")
                 texts.append(check_text(value["text"], f"{what}: {where}: field 'text'"))
             return texts
         return [line for _, line in read_lines(path, what) if line.strip()]

@@ -140,21 +140,21 @@ def _check_strings_in(value: Any, where: str) -> None:
             _check_strings_in(item, where)
 
 
-def _parquet_rows(path: Path) -> list[tuple[Any, str]]:
+def _parquet_rows(path: Path, what: str) -> list[tuple[Any, str]]:
     """(row as a dict, where) for each row of a Parquet file (lists of messages come back as lists of dicts)."""
     import pyarrow.parquet as pq  # installed with `datasets`
 
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError kinds for a damaged file
-        raise DataError(f"{path}: not a readable Parquet file ({one_line(exc, 200)})") from None
+        raise DataError(f"{what}: not a readable Parquet file ({one_line(exc, 200)})") from None
     return [(value, f"row {i}") for i, value in enumerate(table.to_pylist())]
 
 
-def _csv_rows(path: Path) -> list[tuple[Any, str]]:
+def _csv_rows(path: Path, what: str) -> list[tuple[Any, str]]:
     """(row as a dict of strings, where) for each row of a CSV file (.tsv: tab-separated) whose first line names
     its columns; a row's empty trailing fields are missing columns."""
-    text = read_text(path)
+    text = read_text(path, what)
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if data_suffix(path) == ".tsv" else ",",
                             strict=True)  # a stray quote is an error, not two rows read as one
     records = []
@@ -162,19 +162,34 @@ def _csv_rows(path: Path) -> list[tuple[Any, str]]:
     try:
         twice = sorted({name for name in reader.fieldnames or () if reader.fieldnames.count(name) > 1})
         if twice:
-            raise DataError(f"{path}: line 1 names the column {twice[0]!r} twice; name each column once")
+            raise DataError(f"{what}: line 1 names the column {twice[0]!r} twice; name each column once")
         for row in reader:
             if None in row:
-                raise DataError(f"{path}: line {reader.line_num}: more fields than the header line names "
+                raise DataError(f"{what}: line {reader.line_num}: more fields than the header line names "
                                 f"({len(reader.fieldnames)})")
             records.append(({key: value for key, value in row.items() if value is not None},
                             f"row {len(records)} (line {reader.line_num})"))
     except csv.Error as err:
         # line_num counts the lines of the rows read whole: the row that failed starts on the next
-        raise DataError(f"{path}: malformed CSV on line {reader.line_num + 1}: {err}") from None
+        raise DataError(f"{what}: malformed CSV on line {reader.line_num + 1}: {err}") from None
     finally:
         csv.field_size_limit(previous)
     return records
+
+
+def local_records(path: Path, what: str | None = None) -> list[tuple[Any, str]]:
+    """(record, where) for each record of the local data file `path` by its suffix: Parquet, CSV / TSV with a
+    header line, else a JSON array or JSON lines; DataError naming `what` (default the path) for what cannot be
+    read."""
+    what = what or str(path)
+    if path.suffix.lower() == ".parquet":
+        return _parquet_rows(path, what)
+    if data_suffix(path) in (".csv", ".tsv"):
+        return _csv_rows(path, what)
+    try:
+        return json_records(path, what)
+    except OSError as exc:
+        raise DataError(f"{what}: cannot be read ({exc.strerror or exc})") from None
 
 
 def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = None) -> datasets.Dataset:
@@ -187,15 +202,7 @@ def read_local_split(path: str | os.PathLike, columns: dict[str, str] | None = N
     form, and ROW_COLUMNS where a row has other columns (read_rows).
     """
     path = regular_file(path)
-    if path.suffix.lower() == ".parquet":
-        records = _parquet_rows(path)
-    elif data_suffix(path) in (".csv", ".tsv"):
-        records = _csv_rows(path)
-    else:
-        try:
-            records = json_records(path)
-        except OSError as exc:
-            raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    records = local_records(path)
     for value, where in records:
         if not isinstance(value, dict):
             raise DataError(f"{path}: {where}: expected a JSON object, got {type(value).__name__}")

@@ -737,11 +737,13 @@ def test_full_batch_sampler_repeats_the_first_indices_up_to_whole_batches(size, 
 
 @pytest.mark.parametrize("name, content, message", [
     ("unsup.txt", b"ok\n\xa6\xff\n", "not UTF-8 text (line 2, byte 3)"),
-    ("unsup.jsonl", b'{"text": 5}\n', "row 0 (line 1): expected a JSON object with a string field 'text'"),
+    ("unsup.jsonl", b'{"text": 5}\n', "row 0 (line 1): expected a row with a string field 'text'"),
     ("unsup.jsonl", b'{"text": "abc"}\n\n{"text": "ab\\ud800cd"}\n',
      "row 1 (line 3): field 'text' is not valid Unicode text: a lone surrogate"),
     ("unsup.jsonl", b'{"text": "abc"\n', "malformed JSON on line 1"),
-    ("unsup.json", b'[{"text": "abc"}, ["abc"]]', "row 1: expected a JSON object with a string field 'text'"),
+    ("unsup.parquet", b"PAR1 cut short", "not a readable Parquet file"),
+    ("unsup.csv", b'text\n"abc\n', "malformed CSV on line 2"),
+    ("unsup.json", b'[{"text": "abc"}, ["abc"]]', "row 1: expected a row with a string field 'text'"),
 ])
 def test_a_bad_unsupervised_file_is_one_error_naming_the_file_and_line(tmp_path, tiny_tokenizer, name, content,
                                                                        message):
@@ -763,6 +765,23 @@ def test_an_unsupervised_json_array_reads_as_its_json_lines_do(tmp_path, tiny_to
     lines.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
     blocks = [create_unsupervised_dataset(str(path), None, tiny_tokenizer, 8, 1234) for path in (array, lines)]
     assert len(blocks[0]) > 0 and list(blocks[0]) == list(blocks[1])
+
+
+def test_an_unsupervised_parquet_or_csv_file_reads_as_its_json_lines_do(tmp_path, tiny_tokenizer):
+    """Their `text` column (before: their bytes read as text lines, a Parquet file refused as not UTF-8 and a CSV
+    file's header line and quotes taken as text)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from utils.data.data_utils import create_unsupervised_dataset
+
+    texts = [f"document {i}, " + "word " * 12 for i in range(3)]
+    lines, table, csv = tmp_path / "unsup.jsonl", tmp_path / "unsup.parquet", tmp_path / "unsup.csv"
+    lines.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    pq.write_table(pa.table({"id": list(range(3)), "text": texts}), table)
+    csv.write_text("id,text\n" + "".join(f'{i},"{text}"\n' for i, text in enumerate(texts)), encoding="utf-8")
+    blocks = [create_unsupervised_dataset(str(path), None, tiny_tokenizer, 8, 1234) for path in (lines, table, csv)]
+    assert len(blocks[0]) > 0 and list(blocks[0]) == list(blocks[1]) == list(blocks[2])
 
 
 def test_an_unsupervised_file_with_a_bom_reads_and_its_special_token_text_is_text(tmp_path, tiny_tokenizer):
