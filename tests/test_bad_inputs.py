@@ -521,6 +521,8 @@ CASES = [
          ("{critic} is a reward model (step 2 output)",)),
     Case("chat model path that does not exist", "chat", ["--path", "/nonexistent/actor", "--prompt", "hi"],
          ("model path /nonexistent/actor does not exist",)),
+    Case("chat model path empty (was: an error naming no path)", "chat", ["--path", "", "--prompt", "hi"],
+         ("the model path is empty: give a model folder, a hub name or a built-in name (tiny, smollm2-135m)",)),
     Case("chat with standard input closed", "chat process", ["--path", "tiny"],
          ("no --prompt and standard input is closed",), stdin=None),
     Case("chat with standard input not UTF-8", "chat process", ["--path", "tiny"],

@@ -24,6 +24,9 @@ def resolve_model_path(name_or_path):
     `tiny` (the built-in default) and `smollm2-135m` are built into the cache on first use; an existing folder is
     used as it is; anything else is taken as a hub name and must be reachable (or already in the HF cache).
     """
+    if not name_or_path:  # Path("") is the working directory
+        raise ConfigError(f"the model path is empty: give a model folder, a hub name or a built-in name "
+                          f"({', '.join(BUILTIN_MODELS)})")
     if name_or_path == "tiny":
 
         return str(tiny_model_path())
