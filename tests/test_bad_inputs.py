@@ -929,3 +929,15 @@ def test_a_cache_variable_starting_with_a_tilde_is_the_home_folders(tmp_path, mo
     monkeypatch.setenv("CHATRLHF_CACHE", "~/chc")
     monkeypatch.chdir(tmp_path)
     assert cache_dir() == tmp_path / "home" / "chc" and not (tmp_path / "~").exists()
+
+
+def test_a_blank_cache_variable_is_refused(tmp_path, monkeypatch):
+    """CHATRLHF_CACHE='   ' made a folder named by three spaces in the working folder, and the cache in it."""
+    from utils.runtime.errors import ConfigError
+    from utils.runtime.paths import cache_dir
+
+    monkeypatch.setenv("CHATRLHF_CACHE", "   ")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="CHATRLHF_CACHE='   ' is blank: name the cache folder, or unset it"):
+        cache_dir()
+    assert list(tmp_path.iterdir()) == []

@@ -21,6 +21,8 @@ the model into instead, `chatrlhf-unsaved-<name>-<8 characters>` (utils/model/sa
 def cache_dir() -> Path:
     """The cache root: `$CHATRLHF_CACHE`, else `~/.cache/chatrlhf`. Created on first use."""
     given = os.environ.get("CHATRLHF_CACHE")
+    if given and not given.strip():  # as a name, a folder of blanks in the working folder
+        raise ConfigError(f"CHATRLHF_CACHE={given!r} is blank: name the cache folder, or unset it")
     root = Path(given).expanduser() if given else Path.home() / ".cache" / "chatrlhf"  # "~/x": no shell expanded it
     try:
         root.mkdir(parents=True, exist_ok=True)
