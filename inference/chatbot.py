@@ -116,8 +116,6 @@ def parse_args(argv=None):
 @cli_entry
 def main(argv=None):
     args = parse_args(argv)
-    if args.prompt is not None and not args.prompt.strip():
-        raise ChatRLHFError("--prompt is empty")
     if args.prompt is not None:
         check_text(args.prompt, "--prompt")  # bytes of the command line that were not UTF-8
     if args.prompt is None and sys.stdin is None:

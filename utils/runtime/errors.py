@@ -206,13 +206,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         """argparse's, refusing an integer flag past sys.maxsize, which no batch, length or count can use and which
-        torch and itertools fail on with their own tracebacks."""
+        torch and itertools fail on with their own tracebacks, and a blank value of a text flag that is off by
+        default (`--pairs_file "$UNSET"`), which would read as the flag left out."""
         parsed, extras = super().parse_known_args(args, namespace)
         for action in self._actions:
             value = getattr(parsed, action.dest, None)
             values = value if isinstance(value, list) else [value]
+            flag = "/".join(action.option_strings)
             if action.type is int and action.option_strings and any(
                     isinstance(v, int) and abs(v) > sys.maxsize for v in values):
-                raise ConfigError(f"argument {'/'.join(action.option_strings)}: {value} is out of range (at most "
-                                  f"{sys.maxsize} in size)")
+                raise ConfigError(f"argument {flag}: {value} is out of range (at most {sys.maxsize} in size)")
+            if (action.type in (None, str) and action.default is None and action.option_strings
+                    and any(isinstance(v, str) and not v.strip() for v in values)):
+                raise ConfigError(f"argument {flag}: the value is blank: give one, or leave {flag} out")
         return parsed, extras

@@ -243,11 +243,9 @@ def check_output_path(flag, path):
 
 def check_output_file(flag, path):
     """Refuse an output file whose folder does not exist or cannot be written, or that is a folder, before any
-    work that would be lost at the end; an empty name (an unset shell variable), which nothing would be written to."""
-    if path is None:
-        return
+    work that would be lost at the end (a blank name is the parser's to refuse: utils.runtime.errors)."""
     if not path:
-        raise ConfigError(f"{flag} is empty: name the file to write, or leave {flag} out")
+        return
     check_output_path(flag, path)
     parent = Path(path).resolve().parent
     if parent.exists() and not parent.is_dir():

@@ -41,6 +41,11 @@ def test_resolve_an_existing_folder(model_dir, no_hub):
     assert resolve_model_path(str(model_dir)) == str(model_dir)
 
 
+def test_resolve_an_empty_path_is_no_working_folder(no_hub):
+    with pytest.raises(ConfigError, match="the model path is empty"):  # Path("") is the working folder
+        resolve_model_path("")
+
+
 def test_resolve_a_folder_without_config(tmp_path, no_hub):
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ConfigError, match="config.json"):
