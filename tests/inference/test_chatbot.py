@@ -142,7 +142,8 @@ def test_stdin_mode_is_one_conversation_with_clear_and_quit():
 
 @pytest.mark.parametrize("args, message", [
     (["--path", "/nonexistent/actor"], "error: model path /nonexistent/actor does not exist"),
-    (["--path", "tiny", "--prompt", "  "], "error: --prompt is empty"),
+    (["--path", "tiny", "--prompt", "  "],
+     "error: argument --prompt: the value is blank: give one, or leave --prompt out"),
 ])
 def test_errors_are_one_line_and_exit_2(args, message):
     result = run_chat(*args)

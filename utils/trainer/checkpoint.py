@@ -30,10 +30,8 @@ never pickle (DeepSpeed's engine files are its own `torch.save` format).
 import contextlib
 import fnmatch
 import hashlib
-import io
 import json
 import os
-import pickle
 import random
 import re
 import shutil
@@ -616,16 +614,13 @@ def samples_digest(dataset):
     from the checkpoint's (a file changed at the same path, another tokenizer, another reasoning-gym version) is
     refused rather than trained on as if it were the same."""
     digest = hashlib.sha256()
-    for index in range(len(dataset)):
-        sample = dataset[index]
-        if isinstance(sample, dict):  # a tensor's pickle differs from run to run: its values do not
-            sample = {name: value.tolist() if torch.is_tensor(value) else value for name, value in sample.items()}
-        buffer = io.BytesIO()
-        pickler = pickle.Pickler(buffer, protocol=5)  # bytes to hash, never loaded: 4x json's speed
-        pickler.fast = True  # no memo: equal values give equal bytes whether or not they are one object
-        pickler.dump(sample)
-        digest.update(buffer.getbuffer())
+    for index in range(len(dataset)):  # under a second for 10,000 samples of 200 tokens
+        digest.update(json.dumps(dataset[index], sort_keys=True, default=_values).encode())
     return digest.hexdigest()[:16]
+
+
+def _values(value):
+    return value.tolist()  # a tensor's (or a NumPy array's)
 
 
 def resolved_flags(flags):
